@@ -1,0 +1,204 @@
+"""A decoder-only transformer (Llama / Qwen2 families) in Flax linen.
+
+One graph serves full-sequence training and KV-cache sampling: every call returns the keys and
+values it computed (`new_kv`), and attends to an optional read-only cache of earlier slots.
+The cache owner (the sampler) writes `new_kv` into its static-shape buffer with one
+dynamic_update_slice, outside the layer scan, so no layer ever copies the cache.
+
+Layers are scanned over a stacked leading axis (as MaxText's scan_layers does), which keeps
+compile time flat in depth. Shape suffixes: b batch, t query time, s cache slot, d model,
+h heads, k kv heads, g query heads per kv head, e head_dim, f feed-forward, v vocab, l layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from cooper_jax.models.config import ModelConfig
+
+_NEG_INF = -1e30  # finite, so a fully masked row (a left-pad query) gives a uniform, not NaN
+
+
+class KVCache(NamedTuple):
+  """Static-shape cache for all layers: k/v [l, b, s, k, e], valid-slot mask [b, s]."""
+  k: jax.Array
+  v: jax.Array
+  mask: jax.Array
+  length: jax.Array  # int32 scalar: slots [0, length) are filled
+
+
+class RMSNorm(nn.Module):
+  eps: float
+  dtype: Any
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+    # As HF: normalise in float32, cast back, then scale.
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return x32.astype(self.dtype) * scale.astype(self.dtype)
+
+
+def rope(x_bthe, positions_bt, theta):
+  """Rotate-half RoPE, Hugging Face layout (first half / second half of head_dim)."""
+  e = x_bthe.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+  ang_bt_e2 = positions_bt.astype(jnp.float32)[..., None] * inv_freq
+  cos = jnp.cos(ang_bt_e2)[:, :, None, :]
+  sin = jnp.sin(ang_bt_e2)[:, :, None, :]
+  x1, x2 = jnp.split(x_bthe.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_bthe.dtype)
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_btd, positions_bt, mask_bt, cache_kv, cache_mask_bs):
+    cfg = self.cfg
+    dense = lambda feats, name, bias, axis=-1: nn.DenseGeneral(
+        feats, axis=axis, use_bias=bias, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
+        name=name)
+    q_bthe = dense((cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x_btd)
+    k_btke = dense((cfg.n_kv_heads, cfg.head_dim), "k", cfg.qkv_bias)(x_btd)
+    v_btke = dense((cfg.n_kv_heads, cfg.head_dim), "v", cfg.qkv_bias)(x_btd)
+    q_bthe = rope(q_bthe, positions_bt, cfg.rope_theta)
+    k_btke = rope(k_btke, positions_bt, cfg.rope_theta)
+
+    b, t = x_btd.shape[:2]
+    g = cfg.n_heads // cfg.n_kv_heads
+    q_btkge = q_bthe.reshape(b, t, cfg.n_kv_heads, g, cfg.head_dim) * (cfg.head_dim ** -0.5)
+
+    # Scores against this call's own tokens: causal within the call, pads masked.
+    causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
+    self_ok_btt = causal_tt[None] & mask_bt[:, None, :]
+    s_self = jnp.einsum("btkge,bske->bkgts", q_btkge, k_btke, preferred_element_type=jnp.float32)
+    s_self = jnp.where(self_ok_btt[:, None, None], s_self, _NEG_INF)
+    if cache_kv is None:
+      scores = s_self
+    else:
+      ck_bske, cv_bske = cache_kv
+      s_cache = jnp.einsum("btkge,bske->bkgts", q_btkge, ck_bske.astype(q_btkge.dtype),
+                           preferred_element_type=jnp.float32)
+      s_cache = jnp.where(cache_mask_bs[:, None, None, None, :], s_cache, _NEG_INF)
+      scores = jnp.concatenate([s_cache, s_self], axis=-1)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
+    if cache_kv is None:
+      out_btkge = jnp.einsum("bkgts,bske->btkge", probs, v_btke)
+    else:
+      s_len = ck_bske.shape[1]
+      out_btkge = (jnp.einsum("bkgts,bske->btkge", probs[..., :s_len], cv_bske.astype(probs.dtype))
+                   + jnp.einsum("bkgts,bske->btkge", probs[..., s_len:], v_btke))
+    out_bthe = out_btkge.reshape(b, t, cfg.n_heads, cfg.head_dim)
+    out_btd = dense(cfg.d_model, "o", False, axis=(-2, -1))(out_bthe)
+    return out_btd, (k_btke, v_btke)
+
+
+class MLP(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_btd):
+    cfg = self.cfg
+    dense = lambda feats, name: nn.Dense(feats, use_bias=False, dtype=cfg.jnp_dtype,
+                                         param_dtype=cfg.jnp_param_dtype, name=name)
+    h_btf = nn.silu(dense(cfg.d_ff, "gate")(x_btd)) * dense(cfg.d_ff, "up")(x_btd)
+    return dense(cfg.d_model, "down")(h_btf)
+
+
+class Block(nn.Module):
+  """One pre-norm decoder layer; scanned, so (carry, per-layer input) -> (carry, output)."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_btd, layer_cache, positions_bt, mask_bt, cache_mask_bs):
+    cfg = self.cfg
+    norm = lambda name: RMSNorm(cfg.rms_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
+    h, new_kv = Attention(cfg, name="attn")(norm("attn_norm")(x_btd), positions_bt, mask_bt,
+                                            layer_cache, cache_mask_bs)
+    x_btd = x_btd + h
+    x_btd = x_btd + MLP(cfg, name="mlp")(norm("mlp_norm")(x_btd))
+    return x_btd, new_kv
+
+
+class Transformer(nn.Module):
+  """tokens [b, t] -> (logits [b, t, v] float32 or scores [b] float32, new_kv).
+
+  positions: RoPE positions of the tokens; mask: which tokens are real (pads are never attended
+  to). `cache` (KVCache or None) holds earlier slots to attend to. With head="score", the
+  score is read at the last real token of each row.
+  """
+  cfg: ModelConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.jnp_dtype,
+                          param_dtype=cfg.jnp_param_dtype,
+                          embedding_init=nn.initializers.normal(0.02), name="embed")
+    block = Block
+    if cfg.remat:
+      block = nn.remat(Block, prevent_cse=False,
+                       policy=jax.checkpoint_policies.nothing_saveable)
+    self.layers = nn.scan(
+        block, variable_axes={"params": 0}, split_rngs={"params": True},
+        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layers,
+    )(cfg, name="layers")
+    self.final_norm = RMSNorm(cfg.rms_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name="final_norm")
+    dense = lambda feats, name: nn.Dense(feats, use_bias=False, dtype=cfg.jnp_dtype,
+                                         param_dtype=cfg.jnp_param_dtype, name=name)
+    if cfg.head == "score":
+      self.score = dense(1, "score")
+    elif not cfg.tie_embeddings:
+      self.lm_head = dense(cfg.vocab_size, "lm_head")
+
+  def hidden(self, tokens_bt, positions_bt, mask_bt, cache: KVCache | None = None):
+    """Final-norm hidden states [b, t, d] and this call's (k, v), each [l, b, t, k, e]."""
+    x_btd = self.embed(tokens_bt)
+    layer_cache = None if cache is None else (cache.k, cache.v)
+    cache_mask = None if cache is None else (
+        cache.mask & (jnp.arange(cache.mask.shape[1]) < cache.length)[None])
+    x_btd, new_kv = self.layers(x_btd, layer_cache, positions_bt, mask_bt, cache_mask)
+    return self.final_norm(x_btd), new_kv
+
+  def logits(self, h_btd):
+    if self.cfg.tie_embeddings:
+      return self.embed.attend(h_btd).astype(jnp.float32)
+    return self.lm_head(h_btd).astype(jnp.float32)
+
+  def scores(self, h_btd, mask_bt):
+    """Scalar score (a logit) at the last real token of each row, as HF's SequenceClassification."""
+    last_b = jnp.max(jnp.where(mask_bt, jnp.arange(mask_bt.shape[1])[None], -1), axis=1)
+    h_bd = jnp.take_along_axis(h_btd, jnp.maximum(last_b, 0)[:, None, None], axis=1)[:, 0]
+    return self.score(h_bd)[:, 0].astype(jnp.float32)
+
+  def __call__(self, tokens_bt, positions_bt, mask_bt, cache: KVCache | None = None):
+    h_btd, new_kv = self.hidden(tokens_bt, positions_bt, mask_bt, cache)
+    if self.cfg.head == "score":
+      return self.scores(h_btd, mask_bt), new_kv
+    return self.logits(h_btd), new_kv
+
+
+def positions_from_mask(mask_bt):
+  """RoPE positions that start at 0 on each row's first real token (left padding)."""
+  return jnp.maximum(jnp.cumsum(mask_bt.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array):
+  """Random parameters (for tests, benchmarks and fresh score heads)."""
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  mask = jnp.ones((1, 4), bool)
+  return Transformer(cfg).init(rng, tokens, positions_from_mask(mask), mask)["params"]
+
+
+def forward(cfg: ModelConfig, params, tokens_bt, mask_bt):
+  """Full-sequence forward pass: logits [b, t, v] (lm) or scores [b] (score head), float32."""
+  out, _ = Transformer(cfg).apply({"params": params}, tokens_bt, positions_from_mask(mask_bt),
+                                  mask_bt)
+  return out

@@ -1,0 +1,130 @@
+"""Compiled sampling: one jit holds prefill and the whole decode loop (a lax.while_loop).
+
+The KV cache has a static shape [l, b, prompt_len + max_new_tokens, k, e]. Each decode step
+runs the same Transformer graph as training on one token per row, attending to the cache,
+and writes the step's keys/values back with a single dynamic_update_slice (in place inside the
+loop). The loop exits as soon as every row has emitted an end-of-sequence token.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cooper_jax.models.config import ModelConfig
+from cooper_jax.models.transformer import KVCache, Transformer, positions_from_mask
+
+
+class SampleOutput(NamedTuple):
+  """tokens [b, n] (pad after the stop), logprobs [b, n] float32, mask [b, n] bool.
+
+  mask is True for generated tokens up to and including the end-of-sequence token. logprobs
+  are log-softmax(logits / temperature) at the sampled token (raw logits when greedy), before
+  top-k/top-p filtering; 0 where mask is False.
+  """
+  tokens: jax.Array
+  logprobs: jax.Array
+  mask: jax.Array
+
+
+def _filter_logits(scaled_bv, top_p: float, top_k: int):
+  """Top-k then top-p (nucleus) filtering; filtered entries become -inf."""
+  neg_inf = jnp.finfo(scaled_bv.dtype).min
+  if top_k > 0:
+    kth_b1 = jax.lax.top_k(scaled_bv, top_k)[0][:, -1:]
+    scaled_bv = jnp.where(scaled_bv < kth_b1, neg_inf, scaled_bv)
+  if top_p < 1.0:
+    sorted_bv = jnp.sort(scaled_bv, axis=-1)[:, ::-1]
+    probs_bv = jax.nn.softmax(sorted_bv, axis=-1)
+    # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
+    keep_bv = (jnp.cumsum(probs_bv, axis=-1) - probs_bv) < top_p
+    cutoff_b1 = jnp.min(jnp.where(keep_bv, sorted_bv, jnp.inf), axis=-1, keepdims=True)
+    scaled_bv = jnp.where(scaled_bv < cutoff_b1, neg_inf, scaled_bv)
+  return scaled_bv
+
+
+def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
+  if temperature == 0.0:
+    tok_b = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+    logp_bv = jax.nn.log_softmax(logits_bv, axis=-1)
+  else:
+    scaled_bv = logits_bv / temperature
+    logp_bv = jax.nn.log_softmax(scaled_bv, axis=-1)
+    tok_b = jax.random.categorical(rng, _filter_logits(scaled_bv, top_p, top_k)).astype(jnp.int32)
+  return tok_b, jnp.take_along_axis(logp_bv, tok_b[:, None], axis=-1)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature", "top_p",
+                                             "top_k", "eos_ids", "pad_id"))
+def sample(params, tokens_bp, mask_bp, rng, *, cfg: ModelConfig, max_new_tokens: int,
+           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+           eos_ids: Sequence[int] = (), pad_id: int = 0) -> SampleOutput:
+  """Samples max_new_tokens after left-padded prompts; deterministic for a given rng."""
+  model = Transformer(cfg)
+  variables = {"params": params}
+  b, p = tokens_bp.shape
+  n = max_new_tokens
+  mask_bp = mask_bp.astype(bool)
+  pos_bp = positions_from_mask(mask_bp)
+
+  h_bpd, (k_lbpke, v_lbpke) = model.apply(variables, tokens_bp, pos_bp, mask_bp,
+                                          method=Transformer.hidden)
+  logits_bv = model.apply(variables, h_bpd[:, -1:], method=Transformer.logits)[:, 0]
+  pad_kv = lambda x: jnp.pad(x.astype(cfg.jnp_dtype), ((0, 0), (0, 0), (0, n), (0, 0), (0, 0)))
+  cache = KVCache(k=pad_kv(k_lbpke), v=pad_kv(v_lbpke),
+                  mask=jnp.concatenate([mask_bp, jnp.ones((b, n), bool)], axis=1),
+                  length=jnp.int32(p))
+  next_pos_b = pos_bp[:, -1] + 1
+  eos = jnp.asarray(eos_ids if eos_ids else [-1], jnp.int32)
+
+  def cond(state):
+    i, _, _, done_b, *_ = state
+    return (i < n) & ~jnp.all(done_b)
+
+  def body(state):
+    i, cache, logits_bv, done_b, out_tok, out_logp, out_mask = state
+    tok_b, logp_b = _pick(logits_bv, jax.random.fold_in(rng, i), temperature, top_p, top_k)
+    live_b = ~done_b
+    out_tok = out_tok.at[:, i].set(jnp.where(live_b, tok_b, pad_id))
+    out_logp = out_logp.at[:, i].set(jnp.where(live_b, logp_b, 0.0))
+    out_mask = out_mask.at[:, i].set(live_b)
+    done_b = done_b | jnp.isin(tok_b, eos)
+    # Feed the token: its keys/values go to slot p + i.
+    h_b1d, (k_new, v_new) = model.apply(
+        variables, tok_b[:, None], (next_pos_b + i)[:, None], jnp.ones((b, 1), bool), cache,
+        method=Transformer.hidden)
+    slot = (0, 0, cache.length, 0, 0)
+    cache = cache._replace(
+        k=jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype), slot),
+        v=jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype), slot),
+        length=cache.length + 1)
+    logits_bv = model.apply(variables, h_b1d, method=Transformer.logits)[:, 0]
+    return i + 1, cache, logits_bv, done_b, out_tok, out_logp, out_mask
+
+  init = (jnp.int32(0), cache, logits_bv, jnp.zeros((b,), bool),
+          jnp.full((b, n), pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
+          jnp.zeros((b, n), bool))
+  _, _, _, _, out_tok, out_logp, out_mask = jax.lax.while_loop(cond, body, init)
+  return SampleOutput(out_tok, out_logp, out_mask)
+
+
+def generate(cfg: ModelConfig, params, tokenizer, prompts: list[str], rng, *,
+             max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+             chat: bool = True, pad_to_multiple: int = 64):
+  """Host convenience: strings in, (completions, SampleOutput) out.
+
+  Prompt length is padded up to a multiple of `pad_to_multiple` so that varying batches reuse
+  a few compiled shapes instead of recompiling per batch.
+  """
+  texts = [tokenizer.chat_prompt(q) for q in prompts] if chat else list(prompts)
+  tokens, mask = tokenizer.encode_prompts(texts, pad_to_multiple=pad_to_multiple)
+  out = sample(params, jnp.asarray(tokens), jnp.asarray(mask), rng, cfg=cfg,
+               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+               top_k=top_k, eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id)
+  toks, m = np.asarray(out.tokens), np.asarray(out.mask)
+  completions = [tokenizer.decode(toks[i][m[i]].tolist()) for i in range(len(texts))]
+  return completions, out

@@ -1,0 +1,114 @@
+"""Device mesh (data, fsdp, tensor) and parameter partitioning from a short list of regex rules."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # the batch is split over both; fsdp also splits parameters
+
+# (regex searched in the "/"-joined parameter path, spec). First match wins. Layer-stacked
+# tensors have a leading layer axis that is never split. Shapes: embed [v, d]; q/k/v [l, d, h, e];
+# o [l, h, e, d]; gate/up [l, d, f]; down [l, f, d]; lm_head [d, v]; score [d, 1].
+PARAM_RULES: tuple[tuple[str, P], ...] = (
+    (r"embed/embedding$", P("tensor", "fsdp")),
+    (r"attn/(q|k|v)/kernel$", P(None, "fsdp", "tensor", None)),
+    (r"attn/(q|k|v)/bias$", P(None, "tensor", None)),
+    (r"attn/o/kernel$", P(None, "tensor", None, "fsdp")),
+    (r"mlp/(gate|up)/kernel$", P(None, "fsdp", "tensor")),
+    (r"mlp/down/kernel$", P(None, "tensor", "fsdp")),
+    (r"lm_head/kernel$", P("fsdp", "tensor")),
+    (r"score/kernel$", P("fsdp", None)),
+    (r".*", P()),  # norms, scalars (optimizer counts, step)
+)
+
+
+def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A (data, fsdp, tensor) mesh; one size may be -1 to take the remaining devices."""
+  devices = list(devices if devices is not None else jax.devices())
+  sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+  for name, size in sizes.items():
+    if size == 0 or size < -1:
+      raise ValueError(f"mesh.{name} must be positive or -1, got {size}")
+  free = [k for k, v in sizes.items() if v == -1]
+  if len(free) > 1:
+    raise ValueError(f"at most one mesh axis may be -1, got {free}")
+  known = int(np.prod([v for v in sizes.values() if v != -1]))
+  if free:
+    if len(devices) % known:
+      raise ValueError(f"mesh: {len(devices)} devices are not divisible by {known}")
+    sizes[free[0]] = len(devices) // known
+  total = int(np.prod(list(sizes.values())))
+  if total > len(devices):
+    raise ValueError(f"mesh {sizes} needs {total} devices, only {len(devices)} available")
+  grid = np.asarray(devices[:total]).reshape(tuple(sizes[a] for a in AXES))
+  return Mesh(grid, AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES))
+
+
+def _path_str(path) -> str:
+  parts = []
+  for k in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def _fit(spec: P, shape: tuple[int, ...], mesh: Mesh, path: str) -> P:
+  """Drops mesh axes from dimensions they do not divide (e.g. 9 heads on tensor=2)."""
+  spec = tuple(spec) + (None,) * (len(shape) - len(spec))
+  if len(spec) > len(shape):
+    return P()
+  out = []
+  for dim, axis in zip(shape, spec):
+    size = 1 if axis is None else int(np.prod([mesh.shape[a] for a in
+                                               ((axis,) if isinstance(axis, str) else axis)]))
+    if size > 1 and dim % size:
+      logging.debug("sharding: %s dim %d not divisible by %s=%d, replicated", path, dim, axis,
+                    size)
+      axis = None
+    out.append(axis)
+  return P(*out)
+
+
+def tree_specs(tree, mesh: Mesh, rules=PARAM_RULES):
+  """PartitionSpec for every leaf of a params (or optimizer-state) pytree."""
+  compiled = [(re.compile(pattern), spec) for pattern, spec in rules]
+
+  def spec_for(path, leaf):
+    name = _path_str(path)
+    shape = tuple(getattr(leaf, "shape", ()))
+    for pattern, spec in compiled:
+      if pattern.search(name):
+        return _fit(spec, shape, mesh, name)
+    return P()
+
+  return jax.tree_util.tree_map_with_path(spec_for, tree)
+
+
+def tree_shardings(tree, mesh: Mesh, rules=PARAM_RULES):
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), tree_specs(tree, mesh, rules),
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def shard_tree(tree, mesh: Mesh, rules=PARAM_RULES):
+  return jax.device_put(tree, tree_shardings(tree, mesh, rules))
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+  """Leading (batch) axis split over data x fsdp, the rest replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())

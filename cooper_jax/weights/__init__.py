@@ -1,0 +1,51 @@
+"""Weights in and out: HF checkpoint directories, GGUF files, the embedded SmolLM2."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cooper_jax.models.config import ModelConfig
+from cooper_jax.weights.gguf_io import load_gguf
+from cooper_jax.weights.hf_io import load_hf_dir, save_hf_dir
+
+EMBEDDED_NAME = "smollm2-135m-instruct"
+
+
+def resolve_source(source: str) -> str:
+  """A model source string -> a local path (the embedded name maps to its GGUF file)."""
+  if source == EMBEDDED_NAME:
+    from cooper_jax.weights.embedded import embedded_gguf_path  # pylint: disable=import-outside-toplevel
+    return os.fspath(embedded_gguf_path())
+  return source
+
+
+def load_pretrained(source: str, *, head: str | None = None,
+                    **cfg_overrides) -> tuple[ModelConfig, dict]:
+  """(config, params) from an HF directory, a .gguf file, the embedded name, or a hub repo id.
+
+  `head="score"` on a causal LM gives a reward model with a fresh zero score head.
+  `cfg_overrides` set ModelConfig fields (param_dtype, dtype, remat, ...).
+  """
+  path = resolve_source(source)
+  if path.endswith(".gguf"):
+    if not Path(path).exists():
+      raise FileNotFoundError(f"GGUF file not found: {path}")
+    return load_gguf(path, head=head or "lm", **cfg_overrides)
+  if Path(path).is_dir():
+    return load_hf_dir(path, head=head, **cfg_overrides)
+  if Path(path).exists():
+    raise ValueError(f"{path}: not a checkpoint directory or a .gguf file")
+  # Not local: a hub repo id, for users with hub access (fails here without network).
+  try:
+    from huggingface_hub import snapshot_download  # pylint: disable=import-outside-toplevel
+    local = snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt",
+                                                    "*.model", "*.jinja"])
+  except Exception as e:  # noqa: BLE001 - re-raised with the source named
+    raise FileNotFoundError(f"model source {source!r} is not a local directory or .gguf file, "
+                            f"and downloading it from the hub failed: {e}") from e
+  return load_hf_dir(local, head=head, **cfg_overrides)
+
+
+__all__ = ["EMBEDDED_NAME", "load_pretrained", "load_gguf", "load_hf_dir", "save_hf_dir",
+           "resolve_source"]

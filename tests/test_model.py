@@ -1,0 +1,175 @@
+"""The decoder and the compiled sampler on tiny random models (no weights needed)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cooper_jax import sharding
+from cooper_jax.models.config import ModelConfig
+from cooper_jax.models.transformer import forward, init_params
+from cooper_jax.sampling import sample
+
+TINY = ModelConfig(vocab_size=97, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=8,
+                   d_ff=96, rope_theta=10000.0, qkv_bias=True, tie_embeddings=False,
+                   family="qwen2")
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def params():
+  p = init_params(TINY, jax.random.key(0))
+  # Non-zero biases and norm scales, so a mapping error would show.
+  return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape), p)
+
+
+def _left_pad(rows, width):
+  toks = np.full((len(rows), width), PAD, np.int32)
+  mask = np.zeros((len(rows), width), bool)
+  for i, r in enumerate(rows):
+    toks[i, width - len(r):] = r
+    mask[i, width - len(r):] = True
+  return toks, mask
+
+
+ROWS = [[5, 17, 33, 2, 9], [40, 41], [7, 8, 9, 10, 11, 12, 13]]
+
+
+def test_left_padding_does_not_change_logits(params):
+  toks, mask = _left_pad(ROWS, 9)
+  batched = forward(TINY, params, toks, mask)
+  for i, r in enumerate(ROWS):
+    alone = forward(TINY, params, jnp.array([r]), jnp.ones((1, len(r)), bool))[0]
+    np.testing.assert_allclose(batched[i, 9 - len(r):], alone, atol=2e-5)
+
+
+def _teacher_forced(params, toks, mask, out):
+  """Full forward over prompt + sampled tokens; causal, so position t equals a step-t forward."""
+  full_t = np.concatenate([toks, np.asarray(out.tokens)], axis=1)
+  full_m = np.concatenate([mask, np.asarray(out.mask)], axis=1)
+  p = toks.shape[1]
+  return forward(TINY, params, full_t, full_m)[:, p - 1:-1]
+
+
+def test_greedy_equals_stepwise_argmax_and_logprobs_match(params):
+  toks, mask = _left_pad(ROWS, 8)
+  out = sample(params, toks, mask, jax.random.key(3), cfg=TINY, max_new_tokens=7,
+               temperature=0.0, pad_id=PAD)
+  assert bool(np.all(out.mask))
+  logits = _teacher_forced(params, toks, mask, out)
+  np.testing.assert_array_equal(out.tokens, np.argmax(logits, axis=-1))
+  want = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), np.asarray(out.tokens)[..., None], -1)
+  np.testing.assert_allclose(out.logprobs, want[..., 0], atol=1e-4)
+  # And one row step by step, each step a separate full forward of the growing sequence.
+  seq = list(ROWS[1])
+  for j in range(7):
+    step_logits = forward(TINY, params, jnp.array([seq + [PAD] * (j == 0)]),
+                          jnp.array([[True] * len(seq) + [False] * (j == 0)]))
+    nxt = int(jnp.argmax(step_logits[0, len(seq) - 1]))
+    assert nxt == int(out.tokens[1, j])
+    seq.append(nxt)
+
+
+def test_sampled_logprobs_equal_full_forward_logsoftmax(params):
+  toks, mask = _left_pad(ROWS, 8)
+  out = sample(params, toks, mask, jax.random.key(4), cfg=TINY, max_new_tokens=7,
+               temperature=1.0, pad_id=PAD)
+  logp = jax.nn.log_softmax(_teacher_forced(params, toks, mask, out), axis=-1)
+  want = np.take_along_axis(np.asarray(logp), np.asarray(out.tokens)[..., None], -1)[..., 0]
+  np.testing.assert_allclose(out.logprobs, want, atol=1e-4)
+
+
+def test_sampling_is_deterministic_per_key(params):
+  toks, mask = _left_pad(ROWS, 8)
+  kw = dict(cfg=TINY, max_new_tokens=12, temperature=1.0, top_p=0.95, pad_id=PAD)
+  a = sample(params, toks, mask, jax.random.key(5), **kw)
+  b = sample(params, toks, mask, jax.random.key(5), **kw)
+  c = sample(params, toks, mask, jax.random.key(6), **kw)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
+
+
+def test_top_k_one_is_greedy(params):
+  toks, mask = _left_pad(ROWS, 8)
+  greedy = sample(params, toks, mask, jax.random.key(0), cfg=TINY, max_new_tokens=6,
+                  temperature=0.0, pad_id=PAD)
+  k1 = sample(params, toks, mask, jax.random.key(9), cfg=TINY, max_new_tokens=6,
+              temperature=0.8, top_k=1, pad_id=PAD)
+  np.testing.assert_array_equal(greedy.tokens, k1.tokens)
+
+
+def test_stop_at_eos_masks_the_rest(params):
+  toks, mask = _left_pad(ROWS, 8)
+  free = sample(params, toks, mask, jax.random.key(0), cfg=TINY, max_new_tokens=8,
+                temperature=0.0, pad_id=PAD)
+  eos = int(free.tokens[0, 2])  # row 0 emits this at step 2 (maybe earlier on other rows)
+  out = sample(params, toks, mask, jax.random.key(0), cfg=TINY, max_new_tokens=8,
+               temperature=0.0, eos_ids=(eos,), pad_id=PAD)
+  for i in range(len(ROWS)):
+    row = list(np.asarray(free.tokens[i]))
+    stop = row.index(eos) if eos in row else 8
+    np.testing.assert_array_equal(out.mask[i], np.arange(8) <= stop)
+    np.testing.assert_array_equal(out.tokens[i, :stop + 1], free.tokens[i, :stop + 1])
+    assert np.all(np.asarray(out.tokens[i, stop + 1:]) == PAD)
+    assert np.all(np.asarray(out.logprobs[i, stop + 1:]) == 0.0)
+
+
+def test_top_p_keeps_only_the_nucleus():
+  from cooper_jax.sampling import _filter_logits  # pylint: disable=import-outside-toplevel
+  probs = np.array([[0.5, 0.3, 0.15, 0.05]])
+  filtered = np.asarray(_filter_logits(jnp.log(probs), 0.7, 0))
+  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7: the nucleus is the first two tokens.
+  np.testing.assert_allclose(filtered[0, :2], np.log(probs[0, :2]), rtol=1e-6)
+  assert (filtered[0, 2:] < -1e30).all()
+  top2 = np.asarray(_filter_logits(jnp.log(probs), 1.0, 2))
+  assert (top2[0, :2] > -1e30).all() and (top2[0, 2:] < -1e30).all()
+
+
+def test_sampler_on_sharded_params_matches_single_device(params):
+  assert jax.device_count() >= 8, "conftest sets an 8-device CPU platform"
+  toks, mask = _left_pad(ROWS + [[3, 4, 5]], 8)
+  kw = dict(cfg=TINY, max_new_tokens=6, temperature=1.0, pad_id=PAD)
+  ref = sample(params, toks, mask, jax.random.key(7), **kw)
+  mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+  sp = sharding.shard_tree(params, mesh)
+  assert sp["layers"]["mlp"]["up"]["kernel"].sharding.spec == jax.sharding.PartitionSpec(
+      None, "fsdp", "tensor")
+  bs = sharding.batch_sharding(mesh)
+  out = sample(sp, jax.device_put(toks, bs), jax.device_put(mask, bs), jax.random.key(7), **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+
+
+def test_score_head_reads_last_real_token(params):
+  cfg = TINY.replace(head="score")
+  rm = init_params(cfg, jax.random.key(11))
+  row = [5, 17, 33, 2, 9]
+  left, lmask = _left_pad([row], 8)
+  right = np.full((1, 8), PAD, np.int32)
+  right[0, :5] = row
+  rmask = right != PAD
+  s_left = forward(cfg, rm, left, lmask)
+  s_right = forward(cfg, rm, right, rmask)
+  s_alone = forward(cfg, rm, jnp.array([row]), jnp.ones((1, 5), bool))
+  np.testing.assert_allclose(s_left, s_alone, atol=2e-5)
+  np.testing.assert_allclose(s_right, s_alone, atol=2e-5)
+  assert s_alone.shape == (1,)
+
+
+def test_remat_changes_nothing_numerically(params):
+  toks, mask = _left_pad(ROWS, 8)
+
+  def loss(p, cfg):
+    return jnp.mean(forward(cfg, p, toks, mask) ** 2)
+
+  g0 = jax.grad(loss)(params, TINY)
+  g1 = jax.grad(loss)(params, TINY.replace(remat=True))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g0, g1)
+
+
+def test_bf16_compute_close_to_fp32(params):
+  toks, mask = _left_pad(ROWS, 8)
+  f32 = forward(TINY, params, toks, mask)
+  bf16 = forward(TINY.replace(dtype="bfloat16"), params, toks, mask)
+  assert bf16.dtype == jnp.float32
+  assert float(jnp.max(jnp.abs(f32 - bf16) * mask[..., None])) < 0.1
