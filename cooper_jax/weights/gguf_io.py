@@ -52,9 +52,10 @@ def config_from_gguf(reader, **overrides) -> ModelConfig:
   n_heads = int(_field(reader, "llama.attention.head_count"))
   d_model = int(_field(reader, "llama.embedding_length"))
   names = {t.name for t in reader.tensors}
+  tokens = reader.fields.get("tokenizer.ggml.tokens")  # the fallback for a missing vocab_size
   kw = dict(
       vocab_size=int(_field(reader, "llama.vocab_size",
-                            len(reader.fields["tokenizer.ggml.tokens"].data))),
+                            None if tokens is None else len(tokens.data))),
       d_model=d_model, n_layers=int(_field(reader, "llama.block_count")), n_heads=n_heads,
       n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", n_heads)),
       head_dim=int(_field(reader, "llama.rope.dimension_count", d_model // n_heads)),

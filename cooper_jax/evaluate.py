@@ -1,0 +1,373 @@
+"""Held-out math evaluation: pass@1 averaged over k samples, with bootstrap CIs (Table 3 shape).
+
+Library: `evaluate_model` (also called by training for periodic evaluation), `bootstrap_ci`,
+`format_table`, `write_outputs`. CLI: `python -m cooper_jax.evaluate --model ... --out DIR`.
+
+Every benchmark's rollouts (question x sample) run through one AOT-compiled `sample` of a fixed
+shape [batch_size, prompt_width]: prompts are left-padded to the benchmark's longest prompt
+rounded up to `pad_multiple`, and the last batch is filled with copies of its last row that are
+dropped afterwards. Compilation is timed separately, so tokens/s is steady-state sampling only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from cooper_jax.sampling import sample
+
+logger = logging.getLogger(__name__)
+
+INSTRUCTION_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+DEFAULT_BENCHMARKS = "gsm8k/test,svamp/test,math500/test,olympiadbench/test"
+_COMPILED: dict = {}  # AOT executables, reused across evaluate_model calls (periodic eval)
+
+
+# ---------------------------------------------------------------------------------- statistics
+def _bootstrap_means(per_problem: np.ndarray, n_resamples: int, rng: np.random.Generator):
+  x = np.asarray(per_problem, dtype=np.float64).reshape(-1)
+  if x.size == 0:
+    raise ValueError("bootstrap over an empty array")
+  idx = rng.integers(0, x.size, size=(n_resamples, x.size))
+  return x[idx].mean(axis=1)
+
+
+def bootstrap_ci(per_problem_acc, n_resamples: int = 1000, seed: int = 0,
+                 alpha: float = 0.05) -> tuple[float, float]:
+  """Percentile bootstrap CI of the mean, resampling problems with replacement."""
+  means = _bootstrap_means(per_problem_acc, n_resamples, np.random.default_rng(seed))
+  lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+  return float(lo), float(hi)
+
+
+def bootstrap_ci_average(per_problem_accs: list, n_resamples: int = 1000, seed: int = 0,
+                         alpha: float = 0.05) -> tuple[float, float]:
+  """CI of the unweighted mean over benchmarks: each resample redraws every benchmark."""
+  rng = np.random.default_rng(seed)
+  means = np.mean([_bootstrap_means(a, n_resamples, rng) for a in per_problem_accs], axis=0)
+  lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+  return float(lo), float(hi)
+
+
+# ---------------------------------------------------------------------------------- sampling
+def _left_pad(tokens: np.ndarray, mask: np.ndarray, width: int, pad_id: int):
+  b, p = tokens.shape
+  out_t = np.full((b, width), pad_id, np.int32)
+  out_m = np.zeros((b, width), bool)
+  out_t[:, width - p:], out_m[:, width - p:] = tokens, mask
+  return out_t, out_m
+
+
+def _compiled_sampler(cfg, params, tokens, mask, rng, **static):
+  """One AOT-compiled sampler per shape/setting; returns (fn, compile seconds or 0 if cached)."""
+  leaves = tuple((x.shape, str(x.dtype), getattr(x, "sharding", None))
+                 for x in jax.tree_util.tree_leaves(params))
+  key = (cfg, tokens.shape, tuple(sorted(static.items())), leaves)
+  if key in _COMPILED:
+    return _COMPILED[key], 0.0
+  t0 = time.perf_counter()
+  fn = sample.lower(params, tokens, mask, rng, cfg=cfg, **static).compile()
+  dt = time.perf_counter() - t0
+  if len(_COMPILED) >= 8:
+    _COMPILED.clear()
+  _COMPILED[key] = fn
+  return fn, dt
+
+
+def build_prompts(tokenizer, questions: list[str], suffix: str = INSTRUCTION_SUFFIX,
+                  chat: bool = True) -> list[str]:
+  return [tokenizer.chat_prompt(q + suffix) if chat else q + suffix for q in questions]
+
+
+def _eval_benchmark(name, rows, cfg, params, tokenizer, *, samples, temperature, top_p,
+                    max_new_tokens, batch_size, rng, verifier, suffix, pad_multiple,
+                    deadline_s, chat):
+  n_q = len(rows)
+  prompts = build_prompts(tokenizer, [r["question"] for r in rows], suffix, chat)
+  q_tok, q_mask = tokenizer.encode_prompts(prompts, pad_to_multiple=pad_multiple)
+  width = q_tok.shape[1]
+  order = np.repeat(np.arange(n_q), samples)  # rollout r -> problem order[r], problem-major
+  n_roll = order.size
+  static = dict(max_new_tokens=max_new_tokens, temperature=float(temperature),
+                top_p=float(top_p), eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id)
+  toks_all = np.zeros((n_roll, max_new_tokens), np.int32)
+  mask_all = np.zeros((n_roll, max_new_tokens), bool)
+  compile_s = sample_s = 0.0
+  bar = tqdm(total=n_roll, desc=f"sample {name}", unit="rollout", dynamic_ncols=True)
+  for bi, start in enumerate(range(0, n_roll, batch_size)):
+    idx = order[start:start + batch_size]
+    real = idx.size
+    idx = np.concatenate([idx, np.full(batch_size - real, idx[-1])])  # dummy rows, dropped
+    tokens, mask = jnp.asarray(q_tok[idx]), jnp.asarray(q_mask[idx])
+    key = jax.random.fold_in(rng, bi)
+    fn, dt = _compiled_sampler(cfg, params, tokens, mask, key, **static)
+    compile_s += dt
+    t0 = time.perf_counter()
+    out = fn(params, tokens, mask, key)
+    toks, m = np.asarray(out.tokens), np.asarray(out.mask)
+    sample_s += time.perf_counter() - t0
+    toks_all[start:start + real], mask_all[start:start + real] = toks[:real], m[:real]
+    bar.update(real)
+  bar.close()
+
+  completions = [tokenizer.decode(toks_all[i][mask_all[i]].tolist()) for i in range(n_roll)]
+  refs = [str(rows[q]["answer"]) for q in order]
+  t0 = time.perf_counter()
+  res = verifier.verify(completions, refs, deadline_s)
+  verify_s = time.perf_counter() - t0
+  correct = np.asarray(res.correct, bool).reshape(n_q, samples)
+  per_problem = correct.mean(axis=1)
+  lengths = mask_all.sum(axis=1)
+  last = toks_all[np.arange(n_roll), np.maximum(lengths - 1, 0)]
+  ended = (lengths > 0) & np.isin(last, tokenizer.eos_ids)
+  new_tokens = int(lengths.sum())
+  counts = {k: int(v) for k, v in res.counts.items()}
+  if any(counts.get(k, 0) for k in ("timeout", "error", "ref_parse_error")):
+    logger.warning("%s: verifier problems %s (scored incorrect, not hidden)", name, counts)
+  samples_out = [{"id": rows[q].get("id", str(q)), "benchmark": name, "sample": int(r % samples),
+                  "completion": completions[r], "answer": refs[r],
+                  "pred": res.pred[r] if getattr(res, "pred", None) else None,
+                  "correct": bool(res.correct[r]), "status": res.status[r],
+                  "new_tokens": int(lengths[r])} for r, q in enumerate(order)]
+  result = {
+      "n_problems": n_q, "samples": samples, "rollouts": n_roll,
+      "accuracy": float(per_problem.mean()), "counts": counts,
+      "worker_restarts": int(getattr(res, "worker_restarts", 0)),
+      "prompt_width": int(width), "batch_shape": [batch_size, int(width)],
+      "mean_response_tokens": float(lengths.mean()),
+      "truncated_fraction": float(1.0 - ended.mean()),
+      "throughput": {"new_tokens": new_tokens, "sample_s": sample_s, "compile_s": compile_s,
+                     "tokens_per_s": new_tokens / sample_s if sample_s > 0 else None,
+                     "verify_s": verify_s},
+      "ids": [r.get("id", str(i)) for i, r in enumerate(rows)],
+      "per_problem_acc": per_problem.tolist(),
+      "per_problem_correct": correct.astype(int).tolist(),
+  }
+  return result, samples_out
+
+
+def evaluate_model(cfg, params, tokenizer, benchmarks: dict, *, samples: int = 8,
+                   temperature: float = 0.7, top_p: float = 0.95, max_new_tokens: int = 1024,
+                   batch_size: int = 64, seed: int = 0, verifier=None,
+                   suffix: str = INSTRUCTION_SUFFIX, pad_multiple: int = 64,
+                   deadline_s: float = 5.0, chat: bool = True, n_resamples: int = 1000) -> dict:
+  """pass@1 averaged over `samples` per problem, per benchmark and averaged over benchmarks.
+
+  benchmarks: {name: rows with "question", "answer" (and "id")}. verifier: anything with
+  `.verify(completions, references, deadline_s)` returning correct/status/pred/counts; None
+  starts (and closes) a RuleVerifier. Returns a JSON-ready dict; per-rollout records are under
+  result["records"][name] (write_outputs puts them in samples.jsonl, not results.json).
+  """
+  if samples < 1 or batch_size < 1 or max_new_tokens < 1:
+    raise ValueError("samples, batch_size and max_new_tokens must be >= 1")
+  if not benchmarks or any(not rows for rows in benchmarks.values()):
+    raise ValueError("every benchmark needs at least one row")
+  if temperature == 0 and samples > 1:
+    logger.warning("greedy decoding with samples=%d: the samples will be identical", samples)
+  own = verifier is None
+  if own:
+    from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
+    verifier = RuleVerifier()
+  t_start = time.perf_counter()
+  base = jax.random.key(seed)
+  out = {"config": {"samples": samples, "temperature": float(temperature), "top_p": float(top_p),
+                    "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
+                    "suffix": suffix, "pad_multiple": pad_multiple, "deadline_s": deadline_s,
+                    "chat": chat, "n_resamples": n_resamples, "ci_level": 0.95},
+         "benchmarks": {}, "records": {}}
+  try:
+    for i, (name, rows) in enumerate(benchmarks.items()):
+      res, recs = _eval_benchmark(
+          name, rows, cfg, params, tokenizer, samples=samples, temperature=temperature,
+          top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size,
+          rng=jax.random.fold_in(base, i), verifier=verifier, suffix=suffix,
+          pad_multiple=pad_multiple, deadline_s=deadline_s, chat=chat)
+      res["ci95"] = list(bootstrap_ci(res["per_problem_acc"], n_resamples, seed))
+      out["benchmarks"][name], out["records"][name] = res, recs
+  finally:
+    if own:
+      verifier.close()
+  bs = out["benchmarks"].values()
+  accs = [np.asarray(b["per_problem_acc"]) for b in bs]
+  new_tokens = sum(b["throughput"]["new_tokens"] for b in bs)
+  sample_s = sum(b["throughput"]["sample_s"] for b in bs)
+  out["average"] = {"accuracy": float(np.mean([a.mean() for a in accs])),
+                    "ci95": list(bootstrap_ci_average(accs, n_resamples, seed))}
+  out["totals"] = {
+      "rollouts": sum(b["rollouts"] for b in bs), "new_tokens": new_tokens,
+      "sample_s": sample_s, "compile_s": sum(b["throughput"]["compile_s"] for b in bs),
+      "verify_s": sum(b["throughput"]["verify_s"] for b in bs),
+      "tokens_per_s": new_tokens / sample_s if sample_s > 0 else None,
+      "counts": {k: sum(b["counts"].get(k, 0) for b in bs)
+                 for k in dict.fromkeys(k for b in bs for k in b["counts"])},
+      "wall_s": time.perf_counter() - t_start}
+  return out
+
+
+# ---------------------------------------------------------------------------------- output
+def format_table(results: dict, label: str) -> str:
+  """A Table-3-shaped markdown table: label | each benchmark | avg, cells "acc (lo-hi)" in %."""
+  names = list(results["benchmarks"])
+  cell = lambda acc, ci: f"{100 * acc:.2f} ({100 * ci[0]:.2f}-{100 * ci[1]:.2f})"
+  cells = [cell(results["benchmarks"][n]["accuracy"], results["benchmarks"][n]["ci95"])
+           for n in names]
+  cells.append(cell(results["average"]["accuracy"], results["average"]["ci95"]))
+  return "\n".join(["| model | " + " | ".join(names) + " | avg |",
+                    "|---" * (len(names) + 2) + "|",
+                    f"| {label} | " + " | ".join(cells) + " |"]) + "\n"
+
+
+def atomic_write(path, write_fn: Callable, mode: str = "w") -> None:
+  """write_fn(file) into a temp file beside `path`, fsync, then os.replace: all or nothing."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
+      write_fn(f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.unlink(tmp)
+    except FileNotFoundError:
+      pass
+    raise
+
+
+def atomic_write_json(path, obj) -> None:
+  text = json.dumps(obj, indent=1, allow_nan=False)  # serialize first: fails before any write
+  atomic_write(path, lambda f: f.write(text + "\n"))
+
+
+def write_outputs(results: dict, out_dir, label: str) -> dict:
+  """results.json (no per-rollout text), table.md, samples.jsonl; returns their paths."""
+  out_dir = Path(out_dir)
+  paths = {k: out_dir / f for k, f in
+           (("results", "results.json"), ("table", "table.md"), ("samples", "samples.jsonl"))}
+  summary = {k: v for k, v in results.items() if k != "records"}
+  summary["label"] = label
+
+  def write_samples(f):
+    for recs in results.get("records", {}).values():
+      for rec in recs:
+        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+  atomic_write(paths["samples"], write_samples)
+  atomic_write(paths["table"], lambda f: f.write(format_table(results, label)))
+  atomic_write_json(paths["results"], summary)
+  return {k: str(p) for k, p in paths.items()}
+
+
+# ---------------------------------------------------------------------------------- CLI
+def load_model(model: str | None, checkpoint: str | None, tokenizer_source: str | None,
+               dtype: str | None = None):
+  """(cfg, params, tokenizer) from a load_pretrained source or a cooper_jax checkpoint.
+
+  Checkpoints go through cooper_jax.checkpoint.load_policy_for_eval(dir), expected to return
+  (cfg, params, tokenizer or tokenizer source) or (cfg, params) (then --tokenizer is needed).
+  """
+  from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
+  overrides = {"dtype": dtype, "param_dtype": dtype} if dtype else {}
+  if (model is None) == (checkpoint is None):
+    raise ValueError("give exactly one of --model or --checkpoint")
+  if model is not None:
+    from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
+    cfg, params = load_pretrained(model, **overrides)
+    return cfg, params, load_tokenizer(tokenizer_source or model)
+  try:
+    from cooper_jax.checkpoint import load_policy_for_eval  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise RuntimeError("--checkpoint needs cooper_jax.checkpoint.load_policy_for_eval, which "
+                       f"could not be imported ({e}); use --model with an HF dir or .gguf "
+                       "export instead") from e
+  loaded = load_policy_for_eval(checkpoint)
+  cfg, params = loaded[0], loaded[1]
+  tok = loaded[2] if len(loaded) > 2 else None
+  if tokenizer_source is not None:
+    tok = tokenizer_source
+  if tok is None:
+    raise ValueError(f"checkpoint {checkpoint} names no tokenizer; pass --tokenizer")
+  if overrides:
+    cfg = cfg.replace(**overrides)
+  return cfg, params, load_tokenizer(tok) if isinstance(tok, (str, os.PathLike)) else tok
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(prog="python -m cooper_jax.evaluate", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  src = p.add_mutually_exclusive_group(required=True)
+  src.add_argument("--model", help="HF dir, .gguf, or 'smollm2-135m-instruct'")
+  src.add_argument("--checkpoint", help="a cooper_jax training checkpoint directory")
+  p.add_argument("--tokenizer", help="tokenizer source (default: the model's)")
+  p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS,
+                 help="comma-separated registry names or .jsonl paths")
+  p.add_argument("--limit", type=int, default=None, help="first N problems per benchmark")
+  p.add_argument("--samples", type=int, default=8)
+  p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+  p.add_argument("--top_p", type=float, default=0.95)
+  p.add_argument("--max_new_tokens", type=int, default=1024)
+  p.add_argument("--batch_size", type=int, default=64)
+  p.add_argument("--pad_multiple", type=int, default=64)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--suffix", default=INSTRUCTION_SUFFIX, help="appended to each question")
+  p.add_argument("--no_chat", action="store_true", help="raw prompts, no chat template")
+  p.add_argument("--deadline_s", type=float, default=5.0, help="verifier deadline per item")
+  p.add_argument("--workers", type=int, default=None, help="verifier processes")
+  p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+  p.add_argument("--label", default=None, help="row label in table.md")
+  p.add_argument("--out", required=True)
+  a = p.parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+  from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
+  from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
+  t0 = time.perf_counter()
+  benchmarks = {}
+  for name in [b.strip() for b in a.benchmarks.split(",") if b.strip()]:
+    rows, report = load_qa(name, limit=a.limit)
+    benchmarks[name] = rows
+    logger.info("%s: %d problems from %s (skipped %d)", name, len(rows), report.location,
+                report.skipped)
+  cfg, params, tokenizer = load_model(a.model, a.checkpoint, a.tokenizer, a.dtype)
+  with RuleVerifier(a.workers) as verifier:
+    results = evaluate_model(
+        cfg, params, tokenizer, benchmarks, samples=a.samples, temperature=a.temperature,
+        top_p=a.top_p, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size, seed=a.seed,
+        verifier=verifier, suffix=a.suffix, pad_multiple=a.pad_multiple,
+        deadline_s=a.deadline_s, chat=not a.no_chat)
+  results["config"].update(model=a.model, checkpoint=a.checkpoint, tokenizer=a.tokenizer,
+                           benchmarks=list(benchmarks), limit=a.limit, dtype=cfg.dtype,
+                           devices=[str(d) for d in jax.devices()])
+  results["totals"]["script_wall_s"] = time.perf_counter() - t0
+  label = a.label or a.model or a.checkpoint
+  paths = write_outputs(results, a.out, label)
+  print(format_table(results, label))
+  for name, b in results["benchmarks"].items():
+    tp = b["throughput"]
+    print(f"{name}: {b['n_problems']} problems x {b['samples']}, verifier {b['counts']}, "
+          f"restarts {b['worker_restarts']}, mean len {b['mean_response_tokens']:.1f} tok, "
+          f"truncated {100 * b['truncated_fraction']:.1f}%, "
+          f"{(tp['tokens_per_s'] or 0):.1f} new tok/s, compile {tp['compile_s']:.1f}s, "
+          f"sampling {tp['sample_s']:.1f}s, verify {tp['verify_s']:.1f}s")
+  t = results["totals"]
+  print(f"total: {(t['tokens_per_s'] or 0):.1f} new tok/s, compile {t['compile_s']:.1f}s, "
+        f"eval wall {t['wall_s']:.1f}s, script wall {t['script_wall_s']:.1f}s")
+  print("wrote " + ", ".join(paths.values()))
+  return results
+
+
+if __name__ == "__main__":
+  main()
