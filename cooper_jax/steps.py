@@ -39,7 +39,7 @@ def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def _apply(state: State, optimizer, loss, grads, metrics) -> tuple[State, dict]:
+def apply_update(state: State, optimizer, loss, grads, metrics) -> tuple[State, dict]:
   """One guarded optimiser update: skipped (state kept, counter bumped) if anything is non-finite."""
   ok = jnp.isfinite(loss) & _all_finite(grads)
   safe_grads = jax.tree.map(lambda g: jnp.where(ok, g, jnp.zeros_like(g)), grads)
@@ -115,7 +115,7 @@ def make_policy_step(model_cfg: ModelConfig, loss_cfg, optimizer, mesh: Mesh, st
   def policy_step(state, batch):
     (loss, metrics), grads = jax.value_and_grad(
         lambda p: policy_loss_fn(model_cfg, loss_cfg, p, batch), has_aux=True)(state["params"])
-    return _apply(state, optimizer, loss, grads, metrics)
+    return apply_update(state, optimizer, loss, grads, metrics)
 
   return _jit_step(policy_step, mesh, state, batch_like)
 
@@ -127,7 +127,7 @@ def make_rm_step(model_cfg: ModelConfig, loss_type: str, optimizer, mesh: Mesh, 
   def rm_step(state, batch):
     (loss, metrics), grads = jax.value_and_grad(
         lambda p: rm_loss_fn(model_cfg, loss_type, p, batch), has_aux=True)(state["params"])
-    return _apply(state, optimizer, loss, grads, metrics)
+    return apply_update(state, optimizer, loss, grads, metrics)
 
   return _jit_step(rm_step, mesh, state, batch_like)
 
