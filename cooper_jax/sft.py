@@ -1,0 +1,101 @@
+"""Supervised fine-tuning: next-token cross-entropy on response tokens only.
+
+Used to give a randomly initialised small policy its starting behaviour (tools/
+sft_small_policy.py). The step has the same shape as the RL steps in `steps`: a pure
+`(state, batch) -> (state, metrics)`, jit-compiled over a mesh with the state donated, and its
+update goes through `steps.apply_update` (so a non-finite loss skips the update).
+
+SFT batch (b rows, t tokens, prompt then response, right-padded):
+  tokens [b, t] int32, mask [b, t] bool (real tokens),
+  loss_mask [b, t-1] float32 (1 where target t+1 is a response token, end-of-turn included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from cooper_jax import losses, sharding, steps
+from cooper_jax.models.config import ModelConfig
+from cooper_jax.models.transformer import forward
+
+
+def encode_sft_batch(tokenizer, prompts: Sequence[str], responses: Sequence[str], max_len: int,
+                     pad_to_multiple: int = 1) -> dict[str, np.ndarray]:
+  """Tokens/mask/loss_mask for (rendered chat prompt, response text) pairs.
+
+  Prompt and response are encoded separately, as at sampling time (the prompt is encoded,
+  then the model emits response tokens), and the tokenizer's end-of-turn id is appended so
+  the model learns to stop. Rows are right-padded to the longest row rounded up to
+  `pad_to_multiple`, capped at max_len; a row longer than max_len is an error, because cutting
+  it would train on a response with no end.
+  """
+  if len(prompts) != len(responses) or not prompts:
+    raise ValueError(f"need the same non-zero number of prompts and responses, got "
+                     f"{len(prompts)} and {len(responses)}")
+  if max_len < 2 or pad_to_multiple < 1:
+    raise ValueError(f"max_len must be >= 2 and pad_to_multiple >= 1, got {max_len}, "
+                     f"{pad_to_multiple}")
+  rows = []
+  for i, (p, r) in enumerate(zip(prompts, responses)):
+    p_ids, r_ids = tokenizer.encode(p), tokenizer.encode(r) + [tokenizer.eos_id]
+    if not p_ids:
+      raise ValueError(f"row {i}: prompt encodes to no tokens")
+    if len(p_ids) + len(r_ids) > max_len:
+      raise ValueError(f"row {i}: {len(p_ids)} prompt + {len(r_ids)} response tokens exceed "
+                       f"max_len={max_len}")
+    rows.append((p_ids, r_ids))
+  longest = max(len(p) + len(r) for p, r in rows)
+  width = min(max_len, -(-longest // pad_to_multiple) * pad_to_multiple)
+  b = len(rows)
+  tokens = np.full((b, width), tokenizer.pad_id, np.int32)
+  mask = np.zeros((b, width), np.bool_)
+  loss_mask = np.zeros((b, width - 1), np.float32)
+  for i, (p_ids, r_ids) in enumerate(rows):
+    n_p, n = len(p_ids), len(p_ids) + len(r_ids)
+    tokens[i, :n] = p_ids + r_ids
+    mask[i, :n] = True
+    # Position j predicts token j+1: response tokens sit at n_p..n-1, predicted from n_p-1..n-2.
+    loss_mask[i, n_p - 1:n - 1] = 1.0
+  return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask}
+
+
+def sft_loss_fn(model_cfg: ModelConfig, params, batch):
+  """(loss, metrics): mean CE over every response token of the batch, in float32."""
+  if model_cfg.head != "lm":
+    raise ValueError(f"SFT needs an lm head, got head={model_cfg.head!r}")
+  logits_btv = forward(model_cfg, params, batch["tokens"], batch["mask"])[:, :-1]
+  targets_bt = batch["tokens"][:, 1:]
+  logp_bt = losses.token_logprobs(logits_btv, targets_bt)
+  loss_mask_bt = batch["loss_mask"]
+  loss = losses.masked_mean(-logp_bt, loss_mask_bt)
+  hit_bt = (jnp.argmax(logits_btv, axis=-1) == targets_bt).astype(jnp.float32)
+  metrics = {"token_accuracy": jax.lax.stop_gradient(losses.masked_mean(hit_bt, loss_mask_bt)),
+             "response_tokens": jnp.sum(loss_mask_bt)}
+  return loss, metrics
+
+
+def make_sft_step(model_cfg: ModelConfig, optimizer, mesh: Mesh, state: steps.State,
+                  batch_like: dict):
+  """Returns jitted `sft_step(state, batch) -> (state, metrics)` for batches like `batch_like`.
+
+  State shardings follow the parameter rules, batch rows are split over (data, fsdp), the
+  state buffer is donated (do not reuse the state passed in).
+  """
+  missing = {"tokens", "mask", "loss_mask"} - set(batch_like)
+  if missing:
+    raise ValueError(f"SFT batch is missing {sorted(missing)}")
+
+  def sft_step(state, batch):
+    (loss, metrics), grads = jax.value_and_grad(
+        lambda p: sft_loss_fn(model_cfg, p, batch), has_aux=True)(state["params"])
+    return steps.apply_update(state, optimizer, loss, grads, metrics)
+
+  state_sh = sharding.tree_shardings(state, mesh)
+  batch_sh = {k: sharding.batch_sharding(mesh, np.ndim(v)) for k, v in batch_like.items()}
+  return jax.jit(sft_step, in_shardings=(state_sh, batch_sh),
+                 out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=(0,))
