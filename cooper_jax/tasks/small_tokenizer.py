@@ -33,11 +33,10 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
 # An upper bound: the trainer stops once no pair occurs twice (~540 tokens on this corpus).
 DEFAULT_VOCAB_SIZE = 640
 
-# SmolLM2-Instruct's ChatML template, with a shorter default system message (fewer prompt
-# tokens to process on a CPU; the format is the same).
+# SmolLM2-Instruct's ChatML template without its default system message: every prompt token
+# is paid for in every rollout on a CPU, and a from-scratch model gains nothing from it.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{% for message in messages %}"
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
@@ -50,7 +49,7 @@ def training_corpus(n_rows: int = 3000, seed: int = 12345) -> list[str]:
   for r in rows:
     wrong = make_wrong_solution(r, rng)
     texts += [
-        "system\nYou are a helpful assistant.\nuser\n" + r["question"] + INSTRUCTION_SUFFIX
+        "user\n" + r["question"] + INSTRUCTION_SUFFIX
         + "\nassistant\n" + r["solution"],
         wrong,
         build_rm_input(r["question"], r["answer"], r["solution"]),
