@@ -1,0 +1,123 @@
+"""LLM judge, hybrid-annotation agreement filter, verifier metrics and exact_int gold labels."""
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cooper_jax.models.config import ModelConfig
+from cooper_jax.models.transformer import forward, init_params
+from cooper_jax.rewards.judge import judge_prompt, llm_judge
+from cooper_jax.rewards.rm_prompt import cut_long_text
+from cooper_jax.tokenizer import load_tokenizer
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def _tool(name):
+  spec = importlib.util.spec_from_file_location(f"_tool_{name}", TOOLS / f"{name}.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+annotate, compare = _tool("annotate"), _tool("compare_verifiers")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = ModelConfig(vocab_size=49152, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                    head_dim=16, d_ff=64, tie_embeddings=True)
+  return cfg, init_params(cfg, jax.random.key(0)), load_tokenizer("smollm2-135m-instruct")
+
+
+def test_judge_prompt_contents_and_cut():
+  long = "A" * 600 + "B" * 2000 + "\\boxed{7}"
+  p = judge_prompt("What is 3+4?", "7", long)
+  assert "What is 3+4?" in p and "Reference answer:\n7" in p
+  assert cut_long_text(long) in p and long not in p  # cut as the RM input is: 500 + 1000
+  assert len(cut_long_text(long)) == 1500 and p.count("\\boxed{7}") == 1
+  assert "Answer with only 'yes' or 'no'." in p
+  short = judge_prompt("q", "r", "short answer \\boxed{1}")
+  assert "short answer \\boxed{1}" in short
+
+
+def test_llm_judge_matches_forward_logits(tiny):
+  cfg, params, tok = tiny
+  qs = ["What is 2+2?", "How many legs does a cat have?", "What is 10/2?"]
+  refs = ["4", "4", "5"]
+  comps = ["2+2 = 4, so \\boxed{4}.", "Cats have \\boxed{3} legs." * 3, "\\boxed{5}"]
+  labels, stats = llm_judge(cfg, params, tok, qs, refs, comps, batch_size=2)
+  assert labels.shape == (3,) and labels.dtype == np.int8
+  assert set(labels.tolist()) <= {0, 1} and stats["undecided"] == 0
+  assert stats["yes"] + stats["no"] == 3 and len(stats["p_yes"]) == 3
+
+  # Independent check: token ids from the words, full forward() per prompt, last position.
+  yes_ids = [tok.encode(w)[0] for w in ("yes", "Yes", " yes", " Yes")]
+  no_ids = [tok.encode(w)[0] for w in ("no", "No", " no", " No")]
+  assert all(len(tok.encode(w)) == 1 for w in ("yes", "Yes", "no", "No"))
+  assert sorted(stats["yes_token_ids"]) == sorted(yes_ids)
+  assert sorted(stats["no_token_ids"]) == sorted(no_ids)
+  for i in range(3):
+    ids = tok.encode(tok.chat_prompt(judge_prompt(qs[i], refs[i], comps[i])))
+    logits = np.asarray(forward(cfg, params, jnp.asarray([ids], jnp.int32),
+                                jnp.ones((1, len(ids)), bool)))[0, -1].astype(np.float64)
+    lse = lambda idx: np.logaddexp.reduce(logits[idx])  # same log-normaliser on both sides
+    assert labels[i] == int(lse(yes_ids) > lse(no_ids))
+    p_yes = 1 / (1 + np.exp(lse(no_ids) - lse(yes_ids)))
+    assert stats["p_yes"][i] == pytest.approx(p_yes, abs=1e-4)
+
+
+def test_agreement_filter_hand_built():
+  kept, s = annotate.agreement_filter([1, 0, 1, 0], [1, 1, 1, 0])
+  assert kept.tolist() == [0, 2, 3]
+  assert s["n"] == 4 and s["kept"] == 3 and s["agreement_rate"] == 0.75
+  assert s["kept_positive"] == 2 and s["kept_negative"] == 1
+  assert s["confusion"] == {
+      "rule=1": {"judge=1": 2, "judge=0": 0, "judge=-1": 0},
+      "rule=0": {"judge=1": 1, "judge=0": 1, "judge=-1": 0},
+      "rule=-1": {"judge=1": 0, "judge=0": 0, "judge=-1": 0}}
+  # po = 0.75, pe = 0.5*0.75 + 0.5*0.25 = 0.5 -> kappa 0.5
+  assert s["cohen_kappa"] == pytest.approx(0.5)
+  kept, s = annotate.agreement_filter([1, -1, 0], [1, 1, -1])  # undecided never kept
+  assert kept.tolist() == [0] and s["rule_undecided"] == 1 and s["judge_undecided"] == 1
+  assert s["confusion"]["rule=-1"]["judge=1"] == 1 and s["confusion"]["rule=0"]["judge=-1"] == 1
+
+
+def test_parse_policies_and_paths():
+  assert annotate.parse_policies("a@0.7, b ,c@x", 1.0) == [("a", 0.7), ("b", 1.0), ("c@x", 1.0)]
+  p = annotate.out_paths("runs/x.jsonl")
+  assert str(p["kept"]) == "runs/x.kept.jsonl" and str(p["stats"]) == "runs/x.stats.json"
+
+
+def test_binary_metrics_hand_computed():
+  # pred 1 1 1 0 0 -1 ; gold 1 1 0 1 0 1 -> tp 2, fp 1, fn 2 (one undecided), tn 1
+  m = compare.binary_metrics([1, 1, 1, 0, 0, -1], [1, 1, 0, 1, 0, 1])
+  assert (m["tp"], m["fp"], m["fn"], m["tn"], m["undecided"]) == (2, 1, 2, 1, 1)
+  assert m["precision"] == pytest.approx(2 / 3) and m["recall"] == pytest.approx(0.5)
+  assert m["f1"] == pytest.approx(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5))
+  assert m["accuracy"] == pytest.approx(0.5)
+  assert compare.binary_metrics([0, 0], [1, 0])["precision"] is None  # no positives predicted
+  ci = compare.bootstrap_metrics([1, 1, 1, 0, 0, -1], [1, 1, 0, 1, 0, 1], [0, 0, 1, 1, 2, 2],
+                                 n_resamples=200)
+  lo, hi = ci["precision"]
+  assert 0 <= lo <= 2 / 3 <= hi <= 1
+
+
+def test_exact_int_gold():
+  f = compare.exact_int_label
+  assert f("so the total is \\boxed{42}.", "42") == 1
+  assert f("\\boxed{41}", "42") == 0
+  assert f("the answer is 1,000", "1000") == 1
+  assert f("I cannot tell.", "7") == 0
+  assert f("first \\boxed{3}, corrected: \\boxed{\\$1{,}200.00}", "1200") == 1  # last box wins
+  assert f("\\boxed{42} ... then 17 more words 99", "42") == 1  # a box beats the last number
+  assert f("\\boxed{\\frac{84}{2}}", "42") == 0  # strict on form: not a plain integer
+  assert f("10-3=7", "7") == 1 and f("10-3", "-3") == 0  # a binary minus is not a sign
+  with pytest.raises(ValueError):
+    f("\\boxed{1}", "3/4")
+  labels, how, counts = compare.exact_int_labels(["\\boxed{2}", "x"], ["2", "1/2"])
+  assert labels.tolist() == [1, -1] and counts == {"boxed": 1, "ref_not_integer": 1}

@@ -1,0 +1,194 @@
+"""The small arithmetic task: generator, wrong solutions, tokenizer, and the SFT loss/step."""
+
+import re
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from cooper_jax import optim, sft, sharding, steps
+from cooper_jax.data import load_qa
+from cooper_jax.evaluate import build_prompts
+from cooper_jax.models.config import ModelConfig
+from cooper_jax.models.transformer import forward, init_params
+from cooper_jax.rewards.rm_prompt import build_rm_input
+from cooper_jax.rewards.verify import RuleVerifier
+from cooper_jax.tasks import arith
+from cooper_jax.tasks.small_tokenizer import build_small_tokenizer
+from cooper_jax.tokenizer import load_tokenizer
+
+_LINE = re.compile(r"^(\d+) ([-+*]) (\d+) = (\d+)$")
+
+
+@pytest.fixture(scope="module")
+def rows():
+  return arith.generate_rows(300, seed=11)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+  out = tmp_path_factory.mktemp("tok") / "small_tok"
+  build_small_tokenizer(out)
+  return load_tokenizer(out)
+
+
+def _wrong(rows, seed=3):
+  rng = np.random.default_rng(seed)
+  return [arith.make_wrong_solution(r, rng) for r in rows]
+
+
+# ------------------------------------------------------------------------------ generator
+def test_generator_is_deterministic_and_prefix_stable():
+  a = arith.generate_rows(40, seed=5)
+  assert a == arith.generate_rows(40, seed=5)
+  assert arith.generate_rows(10, seed=5) == a[:10]  # row i depends only on (seed, i)
+  assert a != arith.generate_rows(40, seed=6)
+  assert len({r["question"] for r in a}) == 40
+  assert {r["difficulty"] for r in a} == {1, 2, 3}
+  assert all(r["source"] == "arith" and r["id"].startswith("arith-5-") for r in a)
+
+
+def test_solution_arithmetic_and_boxed_answer(rows):
+  for r in rows:
+    lines = r["solution"].split("\n")
+    assert lines[-1] == f"The answer is \\boxed{{{r['answer']}}}."
+    for line in lines[:-1]:
+      x, op, y, z = _LINE.match(line).groups()
+      assert int(z) == {"+": int(x) + int(y), "-": int(x) - int(y), "*": int(x) * int(y)}[op]
+    assert arith.boxed_answer(r["solution"]) == int(r["answer"]) >= 1
+    # The numbers in the question are the ones the solution uses (nothing invented).
+    q_nums = set(re.findall(r"\d+", r["question"]))
+    first = arith.parse_solution(r["solution"])
+    assert {str(x) for x, op, _, _ in first if op == "*"} <= q_nums
+    assert {str(y) for _, op, y, _ in first if op != "+"} <= q_nums | {str(z) for *_, z in first}
+
+
+def test_difficulty_shapes(rows):
+  n_lines = {d: {len(arith.parse_solution(r["solution"])) for r in rows if r["difficulty"] == d}
+             for d in (1, 2, 3)}
+  assert n_lines[1] == {1} and n_lines[2] == {2} and n_lines[3] <= {3, 4}
+  big = max(int(r["answer"]) for r in rows if r["difficulty"] == 3)
+  assert big > max(int(r["answer"]) for r in rows if r["difficulty"] == 1)
+
+
+def test_rule_verifier_agrees(rows):
+  sub = rows[:60]
+  wrong = _wrong(sub)
+  with RuleVerifier(1) as v:
+    right = v.verify([r["solution"] for r in sub], [r["answer"] for r in sub])
+    bad = v.verify(wrong, [r["answer"] for r in sub])
+  assert all(right.correct) and not any(bad.correct)
+  assert set(right.status) == {"ok"} and set(bad.status) == {"ok"}
+
+
+def test_wrong_solutions_differ_and_stay_consistent(rows):
+  for r, w in zip(rows, _wrong(rows)):
+    assert arith.boxed_answer(w) != int(r["answer"])
+    got = arith.parse_solution(w)
+    want = arith.parse_solution(r["solution"])
+    assert len(got) == len(want)
+    assert all(min(x, y, z) >= 0 for x, _, y, z in got)
+    wrong_lines = [ln for ln in got
+                   if ln[3] != {"+": ln[0] + ln[2], "-": ln[0] - ln[2], "*": ln[0] * ln[2]}[ln[1]]]
+    assert len(wrong_lines) <= 1  # one slip (a misread operand leaves every line "correct")
+  assert _wrong(rows[:20], seed=1) == _wrong(rows[:20], seed=1)
+
+
+def test_bad_input_errors():
+  with pytest.raises(ValueError, match="difficulty"):
+    arith.make_problem(np.random.default_rng(0), 4)
+  with pytest.raises(ValueError, match="difficulties"):
+    arith.generate_rows(3, 0, difficulties=(0,))
+  with pytest.raises(ValueError, match="not an arith solution line"):
+    arith.make_wrong_solution({"solution": "I think 4.", "answer": "4"}, np.random.default_rng(0))
+
+
+def test_write_split_loads_and_excludes(tmp_path):
+  test = arith.write_split(tmp_path / "test.jsonl", 30, seed=1)
+  train = arith.write_split(tmp_path / "train.jsonl", 30, seed=2,
+                            exclude_questions={r["question"] for r in test})
+  assert not {r["question"] for r in test} & {r["question"] for r in train}
+  loaded, report = load_qa(str(tmp_path / "test.jsonl"))
+  assert report.rows == 30 and [r["answer"] for r in loaded] == [r["answer"] for r in test]
+  assert not list(tmp_path.glob(".*"))  # no temp files left behind
+
+
+# ------------------------------------------------------------------------------ tokenizer
+def test_tokenizer_round_trips_task_text(tok, rows):
+  wrong = _wrong(rows)
+  texts = [r["question"] for r in rows] + [r["solution"] for r in rows] + wrong
+  texts += build_prompts(tok, [r["question"] for r in rows[:50]])
+  texts += [build_rm_input(r["question"], r["answer"], w) for r, w in zip(rows[:50], wrong)]
+  for t in texts:
+    ids = tok.encode(t)
+    assert tok.decode(ids, skip_special_tokens=False) == t
+  assert tok.decode(tok.encode("Odd text: é ü 漢字 \t{}<>")) == "Odd text: é ü 漢字 \t{}<>"
+  assert 300 <= tok.vocab_size <= 700
+
+
+def test_tokenizer_digits_and_specials(tok):
+  digit_ids = [tok.encode(str(d)) for d in range(10)]
+  assert all(len(i) == 1 for i in digit_ids)
+  assert tok.encode("Tom has 1204 apples")[-5:-1] == [digit_ids[d][0] for d in (1, 2, 0, 4)]
+  for t in tok.hf.get_vocab():
+    assert not any(c.isdigit() for c in t) or t.isdigit() and len(t) == 1, t
+  for s in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|pad|>"):
+    assert len(tok.encode(s)) == 1
+  assert tok.eos_id == tok.hf.convert_tokens_to_ids("<|im_end|>")
+  assert tok.pad_id == tok.hf.convert_tokens_to_ids("<|pad|>") != tok.eos_id
+  assert tok.chat_prompt("hi") == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+# ------------------------------------------------------------------------------ SFT
+def _tiny(tok):
+  return ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                     head_dim=8, d_ff=64, tie_embeddings=True, pad_id=tok.pad_id)
+
+
+def test_sft_loss_matches_hand_computed_ce(tok, rows):
+  cfg = _tiny(tok)
+  params = init_params(cfg, jax.random.key(0))
+  prompt = build_prompts(tok, [rows[0]["question"]])[0]
+  batch = sft.encode_sft_batch(tok, [prompt], [rows[0]["solution"]], max_len=256,
+                               pad_to_multiple=32)
+  p_ids, r_ids = tok.encode(prompt), tok.encode(rows[0]["solution"]) + [tok.eos_id]
+  assert batch["tokens"].shape[1] % 32 == 0 and batch["tokens"].shape[1] > len(p_ids + r_ids)
+  assert batch["loss_mask"].sum() == len(r_ids)
+
+  logits = np.asarray(jax.jit(lambda p, t, m: forward(cfg, p, t, m))(
+      params, batch["tokens"], batch["mask"]), np.float64)[0]
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  # Response token k (at position len(p)+k) is predicted from position len(p)+k-1.
+  want = -np.mean([logp[len(p_ids) + k - 1, r] for k, r in enumerate(r_ids)])
+  loss, metrics = jax.jit(lambda p, b: sft.sft_loss_fn(cfg, p, b))(params, batch)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+  assert float(metrics["response_tokens"]) == len(r_ids)
+
+
+def test_sft_step_decreases_loss(tok, rows):
+  cfg = _tiny(tok)
+  opt = optim.make_optimizer(ml_collections.ConfigDict(dict(
+      lr=1e-2, schedule="constant", warmup_steps=0, total_steps=10, end_lr_frac=0.0,
+      b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0)))
+  mesh = sharding.make_mesh(1, 1, 1)
+  state = sharding.shard_tree(steps.init_state(init_params(cfg, jax.random.key(1)), opt), mesh)
+  batch = sft.encode_sft_batch(tok, build_prompts(tok, [r["question"] for r in rows[:4]]),
+                               [r["solution"] for r in rows[:4]], max_len=256)
+  step = sft.make_sft_step(cfg, opt, mesh, state, batch)
+  losses = []
+  for _ in range(6):
+    state, m = step(state, batch)
+    losses.append(float(m["loss"]))
+  assert losses[-1] < losses[0] - 0.5, losses
+  assert int(state["step"]) == 6 and int(state["n_skipped"]) == 0
+
+
+def test_sft_batch_errors(tok):
+  with pytest.raises(ValueError, match="exceed max_len"):
+    sft.encode_sft_batch(tok, ["a b c d"], ["1 2 3 4 5 6"], max_len=8)
+  with pytest.raises(ValueError, match="same non-zero number"):
+    sft.encode_sft_batch(tok, ["a"], [], max_len=8)
+  with pytest.raises(ValueError, match="missing"):
+    sft.make_sft_step(None, None, None, None, {"tokens": np.zeros((1, 2))})
