@@ -53,7 +53,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = dict(train="gsm8k/train", eval="gsm8k/test", eval_limit=64,
                 question_key="question", answer_key="answer", on_bad_row="raise",
-                prompt_suffix=INSTRUCTION_SUFFIX)
+                prompt_suffix=INSTRUCTION_SUFFIX,
+                # Optional held-out RM pairs (JSONL: question, answer, positive, negative):
+                # RM pair accuracy is logged at every evaluation (the RM-stability curve).
+                rm_eval_pairs="")
 
   c.rollout = dict(prompts_per_step=4, group_size=16, temperature=1.0, top_p=1.0, top_k=0,
                    max_prompt_len=512, max_new_tokens=512, prompt_pad_multiple=64)

@@ -129,6 +129,14 @@ class Run:
     self.eval_rows = None
     if c.train.eval_every > 0:
       self.eval_rows, _ = load_qa(c.data.eval, limit=c.data.eval_limit or None, **dk)
+    self.rm_eval_pairs = None
+    if self.mode != "rule" and c.data.rm_eval_pairs:
+      self.rm_eval_pairs = [json.loads(l) for l in Path(c.data.rm_eval_pairs).read_text()
+                            .splitlines() if l.strip()]
+      for i, p in enumerate(self.rm_eval_pairs):
+        missing = {"question", "answer", "positive", "negative"} - set(p)
+        if missing:
+          raise ValueError(f"{c.data.rm_eval_pairs}: line {i + 1}: missing {sorted(missing)}")
     self.iterator = PromptIterator(self.train_rows, seed=c.seed)
     self.verifier = RuleVerifier(c.verifier.workers or None)
     self.negatives = None
@@ -241,8 +249,21 @@ class Run:
     return m
 
   # ----------------------------------------------------------------------------- plumbing
+  def evaluate_rm(self) -> dict:
+    """RM on held-out (positive, negative) pairs: pair accuracy and classifier accuracy."""
+    pairs = self.rm_eval_pairs
+    q = [p["question"] for p in pairs] * 2
+    a = [str(p["answer"]) for p in pairs] * 2
+    r, _ = self.rm_rewards(q, a, [p["positive"] for p in pairs] + [p["negative"] for p in pairs])
+    pos, neg = r[:len(pairs)], r[len(pairs):]
+    return {"eval/rm_pair_acc": float(np.mean(pos > neg)),
+            "eval/rm_cls_acc": float(np.mean(np.concatenate([pos > 0.5, neg <= 0.5])))}
+
   def evaluate(self) -> dict:
     c = self.c
+    m = self.evaluate_rm() if self.rm_eval_pairs else {}
+    if self.eval_rows is None:
+      return m
     res = evaluate_model(self.policy_cfg, self.policy_state["params"], self.tokenizer,
                          {c.data.eval: self.eval_rows}, samples=c.train.eval_samples,
                          temperature=c.train.eval_temperature, top_p=1.0,
@@ -250,7 +271,8 @@ class Run:
                          batch_size=min(64, len(self.eval_rows) * c.train.eval_samples),
                          seed=c.seed, verifier=self.verifier, suffix=c.data.prompt_suffix)
     b = res["benchmarks"][c.data.eval]
-    return {"eval/acc": b["accuracy"], "eval/ci_lo": b["ci95"][0], "eval/ci_hi": b["ci95"][1]}
+    m.update({"eval/acc": b["accuracy"], "eval/ci_lo": b["ci95"][0], "eval/ci_hi": b["ci95"][1]})
+    return m
 
   def save(self):
     meta = {"data_iterator": self.iterator.state_dict(), "rng": rng_to_meta(self.rng(self.step)),
@@ -272,6 +294,8 @@ def train(c, workdir: str) -> Run:
   prev = signal.signal(signal.SIGTERM, _on_sigterm)
   try:
     total = c.train.steps
+    if c.train.eval_every and run.step == 0:
+      run.writer.write(0, run.evaluate())  # the curves start at the initial policy
     bar = tqdm(total=total, initial=run.step, desc=f"cooper[{c.reward_mode}]", dynamic_ncols=True)
     while run.step < total:
       m = run.train_step()
