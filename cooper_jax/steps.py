@@ -5,11 +5,10 @@ A train state is a plain pytree {"params", "opt_state", "step", "n_skipped"}. Ev
 (state, batch) and returns (state, metrics) with scalar metrics; the state buffer is donated.
 A non-finite loss or gradient leaves the state unchanged and increments n_skipped.
 
-Policy batch (b = n_prompts * G rows, t = prompt + response length):
-  tokens [b, t] int32 (prompt left-padded, then response), mask [b, t] bool (real tokens),
-  loss_mask [b, t-1] (1 where target t+1 is a response token), advantages [b],
-  old_logp [b, t-1] (optional; absent = one on-policy update, ratio 1),
-  ref_logp [b, t-1] (present iff kl_coef > 0).
+Policy batch (b = n_prompts * G rows, p prompt width, n response width):
+  prompt_tokens/prompt_mask [b, p] (left-padded), response_tokens/response_mask [b, n]
+  (the sampler's output), advantages [b], old_logp [b, n] (optional; absent = one on-policy
+  update, ratio 1), ref_logp [b, n] (present iff kl_coef > 0).
 RM pair batch: pos_tokens/pos_mask/neg_tokens/neg_mask [p, l], valid [p].
 RM BCE batch: tokens/mask [n, l], labels [n] (1 correct, 0 wrong), weight [n].
 """
@@ -25,7 +24,7 @@ from jax.sharding import Mesh
 
 from cooper_jax import losses, sharding
 from cooper_jax.models.config import ModelConfig
-from cooper_jax.models.transformer import forward
+from cooper_jax.models.transformer import Transformer, forward, positions_from_mask
 
 State = dict[str, Any]
 
@@ -55,23 +54,41 @@ def apply_update(state: State, optimizer, loss, grads, metrics) -> tuple[State, 
   return new_state, metrics
 
 
-def sequence_logprobs(model_cfg: ModelConfig, params, tokens_bt, mask_bt):
-  """log p(token t+1 | <= t) for every position: [b, t-1], float32."""
-  logits_btv = forward(model_cfg, params, tokens_bt, mask_bt)
-  return losses.token_logprobs(logits_btv[:, :-1], tokens_bt[:, 1:])
+def response_logprobs(model_cfg: ModelConfig, params, prompt_tokens, prompt_mask,
+                      response_tokens, response_mask):
+  """log p(response token | everything before it): [b, n], float32.
+
+  The LM head runs only on the n positions that predict response tokens, not on the prompt:
+  with a 49k-152k vocabulary that head (and its [b, t, v] logits) is a large share of the
+  step's FLOPs and memory.
+  """
+  model = Transformer(model_cfg)
+  tokens = jnp.concatenate([prompt_tokens, response_tokens], axis=1)
+  mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(bool)
+  h_btd, _ = model.apply({"params": params}, tokens, positions_from_mask(mask), mask,
+                         method=Transformer.hidden)
+  p, n = prompt_tokens.shape[1], response_tokens.shape[1]
+  logits_bnv = model.apply({"params": params}, h_btd[:, p - 1:p + n - 1],
+                           method=Transformer.logits)
+  return losses.token_logprobs(logits_bnv, response_tokens)
+
+
+def _logprobs(model_cfg, params, batch):
+  return response_logprobs(model_cfg, params, batch["prompt_tokens"], batch["prompt_mask"],
+                           batch["response_tokens"], batch["response_mask"])
 
 
 def policy_loss_fn(model_cfg: ModelConfig, lc, params, batch):
-  logp = sequence_logprobs(model_cfg, params, batch["tokens"], batch["mask"])
+  logp = _logprobs(model_cfg, params, batch)
   old = batch.get("old_logp")
   old = jax.lax.stop_gradient(logp) if old is None else old
+  resp_mask = batch["response_mask"].astype(jnp.float32)
   loss, metrics = losses.policy_loss(
-      logp, old, batch["advantages"], batch["loss_mask"], batch.get("ref_logp"),
+      logp, old, batch["advantages"], resp_mask, batch.get("ref_logp"),
       kl_coef=lc.kl_coef, kl_kind=lc.kl_kind, clip_eps=lc.clip_eps,
       clip_eps_high=lc.get("clip_eps_high"), dual_clip_c=lc.dual_clip_c, agg=lc.agg)
-  n_tok = jnp.sum(batch["loss_mask"])
-  metrics = dict(metrics, entropy_proxy=-losses.masked_mean(logp, batch["loss_mask"]),
-                 response_tokens=n_tok)
+  metrics = dict(metrics, neg_logp_mean=-losses.masked_mean(logp, resp_mask),
+                 response_tokens=jnp.sum(resp_mask))
   return loss, metrics
 
 
@@ -133,10 +150,12 @@ def make_rm_step(model_cfg: ModelConfig, loss_type: str, optimizer, mesh: Mesh, 
 
 
 def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, params):
-  """Jitted forward-only `(params, tokens, mask) -> logp [b, t-1]` (old / reference log-probs)."""
-  return jax.jit(lambda p, t, m: sequence_logprobs(model_cfg, p, t, m),
+  """Jitted forward-only `(params, batch) -> logp [b, n]` of the response tokens (old or
+  reference log-probs); `batch` carries the four prompt/response arrays."""
+  keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
+  return jax.jit(lambda p, b: _logprobs(model_cfg, p, b),
                  in_shardings=(sharding.tree_shardings(params, mesh),
-                               sharding.batch_sharding(mesh), sharding.batch_sharding(mesh)),
+                               {k: sharding.batch_sharding(mesh) for k in keys}),
                  out_shardings=sharding.batch_sharding(mesh))
 
 

@@ -70,11 +70,8 @@ def load_model(mc, head: str, seed: int) -> tuple[ModelConfig, dict, str]:
 
 
 def _policy_batch(prompt_tok, prompt_mask, out, advantages_b):
-  tokens = np.concatenate([prompt_tok, np.asarray(out.tokens)], axis=1)
-  mask = np.concatenate([prompt_mask, np.asarray(out.mask)], axis=1)
-  resp = np.concatenate([np.zeros_like(prompt_mask), np.asarray(out.mask)], axis=1)
-  return {"tokens": tokens.astype(np.int32), "mask": mask,
-          "loss_mask": resp[:, 1:].astype(np.float32),
+  return {"prompt_tokens": np.asarray(prompt_tok, np.int32), "prompt_mask": prompt_mask,
+          "response_tokens": np.asarray(out.tokens, np.int32), "response_mask": out.mask,
           "advantages": np.asarray(advantages_b, np.float32)}
 
 
@@ -210,8 +207,9 @@ class Run:
     batch = _policy_batch(tok, mask, out, adv)
     bs = sharding.batch_sharding(self.mesh)
     if self.ref_params is not None:
-      batch["ref_logp"] = self.logprob_fn(self.ref_params, jax.device_put(batch["tokens"], bs),
-                                          jax.device_put(batch["mask"], bs))
+      batch["ref_logp"] = self.logprob_fn(
+          self.ref_params, {k: jax.device_put(v, bs) for k, v in batch.items()
+                            if k.startswith(("prompt_", "response_"))})
     if self._policy_step is None:
       self._policy_step = steps.make_policy_step(self.policy_cfg, c.policy.loss, self.policy_opt,
                                                  self.mesh, self.policy_state, batch)

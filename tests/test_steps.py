@@ -24,18 +24,20 @@ LOSS = ml_collections.ConfigDict(dict(kl_coef=0.001, kl_kind="low_var_kl", clip_
                                       clip_eps_high=None, dual_clip_c=3.0, agg="token_mean"))
 
 
-def _policy_batch(seed=0, b=8, t=12):
+def _policy_batch(seed=0, b=8, p=6, n=6):
   rng = np.random.default_rng(seed)
-  tokens = rng.integers(1, 128, (b, t)).astype(np.int32)
-  mask = np.ones((b, t), bool)
-  mask[:, :3] = rng.random((b, 3)) > 0.5  # some left padding
-  loss_mask = np.zeros((b, t - 1), np.float32)
-  loss_mask[:, 5:] = 1.0
-  loss_mask[0, 9:] = 0.0  # a short response
-  return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask,
-          "advantages": (rng.normal(size=b) + 1.5).astype(np.float32),  # loss far from 0, so rtol means something
-          "old_logp": (rng.normal(size=(b, t - 1)) * 0.1 - 5).astype(np.float32),
-          "ref_logp": (rng.normal(size=(b, t - 1)) * 0.1 - 5).astype(np.float32)}
+  prompt_mask = np.ones((b, p), bool)
+  prompt_mask[:, :3] = rng.random((b, 3)) > 0.5  # some left padding
+  response_mask = np.ones((b, n), bool)
+  response_mask[0, 4:] = False  # a short response
+  return {"prompt_tokens": rng.integers(1, 128, (b, p)).astype(np.int32),
+          "prompt_mask": prompt_mask,
+          "response_tokens": rng.integers(1, 128, (b, n)).astype(np.int32),
+          "response_mask": response_mask,
+          # Advantages away from 0, so the loss is too and a relative tolerance means something.
+          "advantages": (rng.normal(size=b) + 1.5).astype(np.float32),
+          "old_logp": (rng.normal(size=(b, n)) * 0.1 - 5).astype(np.float32),
+          "ref_logp": (rng.normal(size=(b, n)) * 0.1 - 5).astype(np.float32)}
 
 
 def _run_policy(mesh, batch):
@@ -140,3 +142,19 @@ def test_schedules_by_name(name):
           "warmup_cosine": (0.0, 0.5, 0.5), "warmup_linear_decay": (0.0, 0.5, 0.5)}[name]
   # step 0, step 5 (mid warm-up), step 60 (half-way through the decay phase)
   np.testing.assert_allclose([float(s(0)), float(s(5)), float(s(60))], want, atol=1e-6)
+
+
+def test_response_logprobs_equal_full_forward_logsoftmax():
+  from cooper_jax.models.transformer import forward  # pylint: disable=import-outside-toplevel
+  params = init_params(TINY, jax.random.key(0))
+  b = _policy_batch()
+  got = steps.response_logprobs(TINY, params, b["prompt_tokens"], b["prompt_mask"],
+                                b["response_tokens"], b["response_mask"])
+  tokens = np.concatenate([b["prompt_tokens"], b["response_tokens"]], 1)
+  mask = np.concatenate([b["prompt_mask"], b["response_mask"]], 1)
+  logp = np.asarray(jax.nn.log_softmax(forward(TINY, params, tokens, mask), axis=-1))
+  p = b["prompt_tokens"].shape[1]
+  for i in range(tokens.shape[0]):
+    for j in range(b["response_tokens"].shape[1]):
+      want = logp[i, p + j - 1, b["response_tokens"][i, j]]
+      assert abs(float(got[i, j]) - want) < 1e-5, (i, j)
