@@ -47,7 +47,7 @@ def gpu_shapes():
                                   rms_eps=1e-5, tie_embeddings=True, family="llama", **common),
       "qwen2.5-1.5b": ModelConfig(vocab_size=151936, d_model=1536, n_layers=28, n_heads=12,
                                   n_kv_heads=2, head_dim=128, d_ff=8960, rope_theta=1e6,
-                                  rms_eps=1e-6, qkv_bias=True, tie_embeddings=False,
+                                  rms_eps=1e-6, qkv_bias=True, tie_embeddings=True,
                                   family="qwen2", **common),
   }
 
@@ -78,6 +78,7 @@ def hf_worker(npz_path: str, out_json: str) -> None:
                             pad_token_id=pad_id)
 
   gen(min(n, 8), 0)  # warm-up
+  load = os.getloadavg()[0]
   times = []
   for rep in range(reps):
     t0 = time.perf_counter()
@@ -87,7 +88,7 @@ def hf_worker(npz_path: str, out_json: str) -> None:
   produced = int(out.shape[1] - tokens.shape[1])
   with open(out_json, "w", encoding="utf-8") as f:
     json.dump({"seconds": secs, "all_seconds": times, "new_tokens": produced, "batch": int(tokens.shape[0]),
-               "load_s": load_s, "threads": torch.get_num_threads(),
+               "load_s": load_s, "loadavg": load, "threads": torch.get_num_threads(),
                "torch": torch.__version__, "transformers": transformers.__version__}, f)
 
 
@@ -122,6 +123,7 @@ def time_ours(cfg, params, tokens, mask, new_tokens, pad_id, reps=1) -> dict:
   t0 = time.perf_counter()
   jax.block_until_ready(run(0))  # warm-up
   first_s = time.perf_counter() - t0
+  load = os.getloadavg()[0]
   times = []
   for rep in range(reps):
     t0 = time.perf_counter()
@@ -133,7 +135,7 @@ def time_ours(cfg, params, tokens, mask, new_tokens, pad_id, reps=1) -> dict:
     raise RuntimeError(f"expected {tokens.shape[0] * new_tokens} new tokens, got {produced}")
   return {"seconds": secs, "all_seconds": times, "new_tokens": new_tokens,
           "batch": int(tokens.shape[0]), "compile_s": compile_s,
-          "first_call_s": first_s}
+          "first_call_s": first_s, "loadavg": load}
 
 
 def tok_s(r: dict) -> float:
@@ -210,13 +212,16 @@ def cpu_mode(args) -> None:
     except Exception as e:  # noqa: BLE001 - an extra row only
       print(f"(bfloat16 row skipped: {type(e).__name__}: {e})")
   print()
-  print("| sampler | new tok/s | best timed s (all) | compile s | vs HF |")
-  print("|---|---:|---:|---:|---:|")
+  print("| sampler | new tok/s | best timed s (all) | compile s | vs HF | load avg |")
+  print("|---|---:|---:|---:|---:|---:|")
   for name, r, comp in rows:
     ratio = f"{tok_s(r) / tok_s(hf):.2f}x" if hf else "-"
     comp_s = "-" if comp is None else f"{comp:.1f}"
     all_s = ", ".join(f"{t:.1f}" for t in r["all_seconds"])
-    print(f"| {name} | {tok_s(r):,.1f} | {r['seconds']:.2f} ({all_s}) | {comp_s} | {ratio} |")
+    print(f"| {name} | {tok_s(r):,.1f} | {r['seconds']:.2f} ({all_s}) | {comp_s} | {ratio} | "
+          f"{r['loadavg']:.1f} |")
+  print(f"\nload avg = 1-minute load average when timing began, on {os.cpu_count()} cores: "
+        "anything well above the core count means other processes shared the CPU.")
 
 
 def gpu_mode(args) -> None:

@@ -1,0 +1,46 @@
+"""The small verifiable arithmetic task (cooper_jax/tasks/arith.py) for fast research on CPU.
+
+Artifacts come from the tools (see tools/run_study.py, which runs all of it):
+  runs/small_task/policy   SFT policy (tools/sft_small_policy.py), an HF dir with tokenizer
+  runs/small_task/rm       reference-based RM (tools/pretrain_rm.py), an HF dir
+  runs/small_task/data     train/test/sft/rm splits (JSONL)
+
+  python -m cooper_jax.train --config experiments/small_task.py:cooper --workdir runs/st_cooper
+
+arg = "<mode>[,<workdir>]": mode in rule | static_rm | cooper; workdir defaults to runs/small_task.
+"""
+
+from cooper_jax.config import base_config
+
+
+def get_config(arg: str = "cooper"):
+  parts = (arg or "cooper").split(",")
+  mode, work = parts[0], (parts[1] if len(parts) > 1 else "runs/small_task")
+  c = base_config()
+  c.reward_mode = mode
+  c.policy.model = f"{work}/policy"
+  c.rm.model = f"{work}/rm"
+  c.rm.max_len = 384
+  c.data.train = f"{work}/data/train.jsonl"
+  c.data.eval = f"{work}/data/test.jsonl"
+  c.data.eval_limit = 100
+  c.data.rm_eval_pairs = f"{work}/data/rm_eval_pairs.jsonl"
+  c.rollout.prompts_per_step = 8
+  c.rollout.group_size = 8
+  c.rollout.max_prompt_len = 128
+  c.rollout.max_new_tokens = 96
+  c.rollout.prompt_pad_multiple = 32
+  c.policy.optim.lr = 1e-4
+  c.policy.optim.warmup_steps = 0
+  c.rm.optim.lr = 1e-4
+  c.rm.optim.warmup_steps = 0
+  c.train.steps = 40
+  c.train.eval_every = 5
+  c.train.eval_samples = 1
+  c.train.eval_temperature = 0.0
+  c.train.eval_max_new_tokens = 96
+  c.train.checkpoint_every = 40
+  c.train.max_to_keep = 1
+  c.verifier.workers = 1
+  c.policy.optim.total_steps = c.rm.optim.total_steps = c.train.steps
+  return c
