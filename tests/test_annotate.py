@@ -31,7 +31,9 @@ annotate, compare = _tool("annotate"), _tool("compare_verifiers")
 def tiny():
   cfg = ModelConfig(vocab_size=49152, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                     head_dim=16, d_ff=64, tie_embeddings=True)
-  return cfg, init_params(cfg, jax.random.key(0)), load_tokenizer("smollm2-135m-instruct")
+  # jit: eager init of a 49K x 32 embedding op by op takes ~30 s on a busy 2-core CPU.
+  params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
+  return cfg, params, load_tokenizer("smollm2-135m-instruct")
 
 
 def test_judge_prompt_contents_and_cut():

@@ -141,14 +141,17 @@ def test_tokenizer_digits_and_specials(tok):
 
 
 # ------------------------------------------------------------------------------ SFT
-def _tiny(tok):
-  return ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                     head_dim=8, d_ff=64, tie_embeddings=True, pad_id=tok.pad_id)
+@pytest.fixture(scope="module")
+def tiny(tok):
+  cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                    head_dim=8, d_ff=64, tie_embeddings=True, pad_id=tok.pad_id)
+  # Jitted: eager Flax init runs the scanned layers op by op (tens of seconds on a busy CPU).
+  params = jax.device_get(jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0)))
+  return cfg, params
 
 
-def test_sft_loss_matches_hand_computed_ce(tok, rows):
-  cfg = _tiny(tok)
-  params = init_params(cfg, jax.random.key(0))
+def test_sft_loss_matches_hand_computed_ce(tok, rows, tiny):
+  cfg, params = tiny
   prompt = build_prompts(tok, [rows[0]["question"]])[0]
   batch = sft.encode_sft_batch(tok, [prompt], [rows[0]["solution"]], max_len=256,
                                pad_to_multiple=32)
@@ -167,13 +170,14 @@ def test_sft_loss_matches_hand_computed_ce(tok, rows):
   assert float(metrics["response_tokens"]) == len(r_ids)
 
 
-def test_sft_step_decreases_loss(tok, rows):
-  cfg = _tiny(tok)
+def test_sft_step_decreases_loss(tok, rows, tiny):
+  cfg, params = tiny
   opt = optim.make_optimizer(ml_collections.ConfigDict(dict(
       lr=1e-2, schedule="constant", warmup_steps=0, total_steps=10, end_lr_frac=0.0,
       b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0)))
   mesh = sharding.make_mesh(1, 1, 1)
-  state = sharding.shard_tree(steps.init_state(init_params(cfg, jax.random.key(1)), opt), mesh)
+  # A copy of the host params: the step donates its state.
+  state = sharding.shard_tree(steps.init_state(jax.tree.map(np.array, params), opt), mesh)
   batch = sft.encode_sft_batch(tok, build_prompts(tok, [r["question"] for r in rows[:4]]),
                                [r["solution"] for r in rows[:4]], max_len=256)
   step = sft.make_sft_step(cfg, opt, mesh, state, batch)

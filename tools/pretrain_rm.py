@@ -146,7 +146,7 @@ def encode(tok, triples, max_len):
 
 
 def heldout_metrics(score_fn, params, tok, triples, max_len, batch=128) -> dict:
-  """accuracy / precision / recall at sigmoid 0.5 and the mean BCE, over all triples."""
+  """accuracy / precision / recall at sigmoid > 0.5 and the mean BCE, over all triples."""
   probs = []
   for s in range(0, len(triples), batch):
     chunk = triples[s:s + batch]
@@ -154,7 +154,7 @@ def heldout_metrics(score_fn, params, tok, triples, max_len, batch=128) -> dict:
     probs.append(np.asarray(score_fn(params, tokens, mask)))
   p = np.concatenate(probs).astype(np.float64)
   y = np.asarray([t["label"] for t in triples], bool)
-  pred = p >= 0.5
+  pred = p > 0.5  # as losses.bce_loss: logit > 0 (a zero head predicts "wrong")
   tp = float(np.sum(pred & y))
   eps = 1e-7
   return {"n": int(y.size), "positive_rate": float(y.mean()), "accuracy": float(np.mean(pred == y)),

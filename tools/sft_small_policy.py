@@ -1,6 +1,6 @@
 """Builds the small task's policy: tokenizer, data splits, and a tiny Llama trained by SFT.
 
-For the CPU-sized Cooper study: a randomly initialised ~0.9M-parameter Llama is fine-tuned on
+For the CPU-sized Cooper study: a randomly initialised ~0.23M-parameter Llama is fine-tuned on
 arithmetic word problems (cooper_jax.tasks.arith) where a fraction `--wrong_frac` of the
 worked solutions are deliberately wrong (one arithmetic slip, carried through). The policy
 then imitates a mix of right and wrong reasoning and starts at moderate accuracy, leaving RL
@@ -14,7 +14,12 @@ Writes, under --workdir (default runs/small_task):
 Then reloads the policy from disk with the normal loaders and reports pass@1 on the test
 split through cooper_jax.evaluate.evaluate_model.
 
-  python tools/sft_small_policy.py --workdir runs/small_task --steps 300
+  python tools/sft_small_policy.py --workdir runs/small_task
+
+Why these defaults (d_model 64, batch 16, 2000 steps, lr 4e-3): on a busy 2-core CPU a
+d_model 128 model ran ~2 s per batch of 32 and after 150 steps had learned the format but not
+the sums (3% held-out); what the model lacks is arithmetic, which needs many updates, so a
+smaller model taking many small steps reaches ~20-25% held-out pass@1 (T=1) in ~6 minutes.
 """
 
 from __future__ import annotations
@@ -37,26 +42,26 @@ def parse_args(argv=None):
   p.add_argument("--rebuild_tokenizer", action="store_true")
   p.add_argument("--data_seed", type=int, default=0, help="fixes the data splits")
   p.add_argument("--difficulties", default="1,2,3")
-  p.add_argument("--n_sft", type=int, default=6000)
+  p.add_argument("--n_sft", type=int, default=16000)
   p.add_argument("--n_rm", type=int, default=1000)
   p.add_argument("--n_train", type=int, default=2000)
   p.add_argument("--n_test", type=int, default=200)
   p.add_argument("--seed", type=int, default=0, help="model init, batch order, wrong solutions")
   p.add_argument("--wrong_frac", type=float, default=0.4)
-  p.add_argument("--d_model", type=int, default=128)
+  p.add_argument("--d_model", type=int, default=64)
   p.add_argument("--n_layers", type=int, default=4)
   p.add_argument("--n_heads", type=int, default=4)
   p.add_argument("--n_kv_heads", type=int, default=2)
   p.add_argument("--d_ff", type=int, default=None, help="default 3 * d_model")
-  p.add_argument("--steps", type=int, default=300)
-  p.add_argument("--batch", type=int, default=32)
-  p.add_argument("--lr", type=float, default=2e-3)
+  p.add_argument("--steps", type=int, default=2000)
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--lr", type=float, default=4e-3)
   p.add_argument("--warmup", type=int, default=20)
   p.add_argument("--max_len", type=int, default=192)
   p.add_argument("--eval_samples", type=int, default=4)
   p.add_argument("--eval_temperature", type=float, default=1.0)
   p.add_argument("--eval_max_new_tokens", type=int, default=96)
-  p.add_argument("--log_every", type=int, default=25)
+  p.add_argument("--log_every", type=int, default=100)
   a = p.parse_args(argv)
   if not 0.0 <= a.wrong_frac <= 1.0:
     p.error(f"--wrong_frac must be in [0, 1], got {a.wrong_frac}")
@@ -114,8 +119,9 @@ def train(cfg, tok, questions, responses, a):
       lr=a.lr, schedule="warmup_cosine", warmup_steps=a.warmup, total_steps=a.steps,
       end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01, grad_clip=1.0)))
   mesh = sharding.make_mesh()
-  state = sharding.shard_tree(steps.init_state(init_params(cfg, jax.random.key(a.seed)), opt),
-                              mesh)
+  # Jitted init: eager Flax init runs the scanned layers op by op (slow on a busy CPU).
+  params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(a.seed))
+  state = sharding.shard_tree(steps.init_state(params, opt), mesh)
   rng = np.random.default_rng([a.seed, 2])
   order = np.concatenate([rng.permutation(len(prompts))
                           for _ in range(-(-a.steps * a.batch // len(prompts)))])
