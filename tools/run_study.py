@@ -36,7 +36,10 @@ def parse_args(argv=None):
   p.add_argument("--eval_temperature", type=float, default=0.7)
   p.add_argument("--eval_max_new_tokens", type=int, default=96)
   p.add_argument("--sft_args", default="", help="extra args for tools/sft_small_policy.py")
-  p.add_argument("--rm_args", default="", help="extra args for tools/pretrain_rm.py")
+  # The RM of the recorded study: a short BCE run on the SFT policy's own labelled rollouts,
+  # which gave held-out accuracy 0.748, precision 0.58, recall 0.29 (a weak RM on purpose).
+  p.add_argument("--rm_args", default="--steps 300 --lr 1e-3 --warmup 10 --synthetic_questions 0 "
+                 "--eval_every 50", help="args for tools/pretrain_rm.py")
   p.add_argument("--set", action="append", default=[], help="config override key=value")
   return p.parse_args(argv)
 
