@@ -9,11 +9,12 @@ Input: annotated triples {question, reference, completion, label} (label 1 = cor
 The RM starts from --backbone (default: the --from_policy dir) with a fresh zero score head
 (`load_pretrained(dir, head="score")`); inputs are built only by
 rm_prompt.encode_rm_inputs; training runs through steps.make_rm_step(..., "bce", ...).
-Held-out accuracy / precision / recall (sigmoid >= 0.5, i.e. logit > 0) are reported before and
+Held-out accuracy / precision / recall (sigmoid > 0.5, i.e. logit > 0) are reported before and
 after training, on --heldout or on a --heldout_frac split by question (no question in both).
 
-To get a deliberately weak RM (for reward-hacking runs), train it little: --steps 10, or
---max_examples 100.
+To get a deliberately weak RM (for reward-hacking runs), train it little: --steps 300 (a tiny
+backbone learns the answer comparison only after ~300-400 updates: before that it is near the
+always-"wrong" base rate), or --max_examples 100.
 
   python tools/pretrain_rm.py --from_policy runs/small_task/policy \\
       --questions runs/small_task/data/rm.jsonl --out runs/small_task/rm
@@ -28,6 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+SYNTHETIC_SOURCES = ("gold", "wrong_solution")
 
 
 def parse_args(argv=None):
@@ -47,9 +50,13 @@ def parse_args(argv=None):
   p.add_argument("--samples", type=int, default=4, help="rollouts per question")
   p.add_argument("--temperature", type=float, default=1.0)
   p.add_argument("--max_new_tokens", type=int, default=96)
-  p.add_argument("--steps", type=int, default=150)
-  p.add_argument("--lr", type=float, default=1e-3)
-  p.add_argument("--warmup", type=int, default=10)
+  p.add_argument("--synthetic_questions", type=int, default=400,
+                 help="--from_policy: questions after the first --n_questions that add a gold "
+                      "(label 1) and a make_wrong_solution (label 0) triple to TRAINING only "
+                      "(arith rows; hard negatives, like Cooper's rewritten wrong solutions)")
+  p.add_argument("--steps", type=int, default=1200)
+  p.add_argument("--lr", type=float, default=2e-3)
+  p.add_argument("--warmup", type=int, default=20)
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--max_examples", type=int, default=None, help="cap on training triples")
   p.add_argument("--max_len", type=int, default=256, help="RM input tokens (keeps the end)")
@@ -60,8 +67,8 @@ def parse_args(argv=None):
   a = p.parse_args(argv)
   if a.from_policy and not a.questions:
     p.error("--from_policy needs --questions")
-  if a.data is None and a.backbone is None and a.from_policy is None:
-    p.error("--data needs --backbone")
+  if a.data and not a.backbone:
+    p.error("--data needs --backbone (the causal LM the RM starts from)")
   if a.steps < 0 or a.batch < 1 or not 0.0 < a.heldout_frac < 1.0:
     p.error("--steps >= 0, --batch >= 1 and 0 < --heldout_frac < 1 are required")
   a.backbone = a.backbone or a.from_policy
@@ -129,6 +136,31 @@ def policy_triples(a) -> list[dict]:
   return triples
 
 
+def synthetic_triples(a) -> list[dict]:
+  """Gold and one-slip wrong solutions for the questions after the first --n_questions."""
+  from cooper_jax.tasks.arith import make_wrong_solution  # pylint: disable=import-outside-toplevel
+  if a.synthetic_questions <= 0:
+    return []
+  with open(a.questions, encoding="utf-8") as f:
+    rows = [json.loads(l) for l in f if l.strip()]
+  rows = rows[a.n_questions:a.n_questions + a.synthetic_questions]
+  if len(rows) < a.synthetic_questions:
+    print(f"warning: only {len(rows)} questions left for --synthetic_questions "
+          f"{a.synthetic_questions}", flush=True)
+  rng = np.random.default_rng([a.seed, 5])
+  out = []
+  for r in rows:
+    if "solution" not in r:
+      raise ValueError(f"{a.questions}: row {r.get('id')!r} has no 'solution'; synthetic "
+                       "triples need arith rows (or pass --synthetic_questions 0)")
+    base = {"question": r["question"], "reference": str(r["answer"])}
+    out += [{**base, "id": f"{r.get('id')}-gold", "completion": r["solution"], "label": 1,
+             "source": "gold"},
+            {**base, "id": f"{r.get('id')}-wrong", "completion": make_wrong_solution(r, rng),
+             "label": 0, "source": "wrong_solution"}]
+  return out
+
+
 def split_by_question(triples, frac: float, seed: int):
   questions = sorted({t["question"] for t in triples})
   rng = np.random.default_rng([seed, 3])
@@ -176,17 +208,22 @@ def main(argv=None) -> dict:
 
   out = Path(a.out)
   if a.from_policy:
-    triples = policy_triples(a)
+    triples = policy_triples(a) + synthetic_triples(a)
     triples_path = Path(a.triples_out or out.parent / f"{out.name}_triples.jsonl")
     write_jsonl(triples_path, triples)
     print(f"wrote {len(triples)} triples to {triples_path}")
   else:
     triples = load_triples(a.data)
   rollout_s = time.perf_counter() - t_start
+  # Synthetic rows (gold / constructed wrong) only ever train: the held-out set is what the RM
+  # will score during RL, model outputs, not the generator's own text.
+  extra = [t for t in triples if t.get("source") in SYNTHETIC_SOURCES]
+  triples = [t for t in triples if t.get("source") not in SYNTHETIC_SOURCES]
   if a.heldout:
     train_rows, held_rows = triples, load_triples(a.heldout)
   else:
     train_rows, held_rows = split_by_question(triples, a.heldout_frac, a.seed)
+  train_rows = train_rows + extra
   rng = np.random.default_rng([a.seed, 4])
   if a.max_examples is not None and a.max_examples < len(train_rows):
     train_rows = [train_rows[i] for i in rng.permutation(len(train_rows))[:a.max_examples]]
