@@ -66,6 +66,9 @@ def format_study_table(summaries: dict[str, dict], tests: dict[str, dict], n_pro
   return "\n".join(lines) + "\n"
 
 
+COLORS = {"rule": "C0", "static_rm": "C1", "cooper": "C2", "untrained": "C7"}
+
+
 def curves(runs: dict[str, list[list[dict]]], key: str):
   """{condition: (steps, mean, lo, hi)} of a metric over seeds (steps where every seed has it)."""
   out = {}
@@ -90,8 +93,8 @@ def plot_dynamics(runs: dict[str, list[list[dict]]], path, title: str) -> None:
             ("eval/acc", "held-out accuracy (greedy)")]
   for ax, (key, label) in zip(axes, panels):
     for cond, (x, mean, lo, hi) in curves(runs, key).items():
-      ax.plot(x, mean, label=cond)
-      ax.fill_between(x, lo, hi, alpha=0.2)
+      ax.plot(x, mean, label=cond, color=COLORS.get(cond))
+      ax.fill_between(x, lo, hi, alpha=0.2, color=COLORS.get(cond))
     ax.set_title(label, fontsize=10)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
@@ -108,8 +111,8 @@ def plot_rm_stability(runs: dict[str, list[list[dict]]], path, title: str) -> No
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   fig, ax = plt.subplots(figsize=(6, 4))
   for cond, (x, mean, lo, hi) in curves(runs, "eval/rm_pair_acc").items():
-    ax.plot(x, mean, label=cond)
-    ax.fill_between(x, lo, hi, alpha=0.2)
+    ax.plot(x, mean, label=cond, color=COLORS.get(cond))
+    ax.fill_between(x, lo, hi, alpha=0.2, color=COLORS.get(cond))
   ax.set_xlabel("step")
   ax.set_ylabel("RM held-out pair accuracy")
   ax.set_title(title, fontsize=10)
