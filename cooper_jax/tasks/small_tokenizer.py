@@ -15,8 +15,6 @@ sequences stay short: that is what makes sampling on a CPU affordable.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -90,18 +88,10 @@ def build_small_tokenizer(out_dir: str | os.PathLike, vocab_size: int = DEFAULT_
       unk_token="<|endoftext|>", pad_token="<|pad|>", chat_template=CHAT_TEMPLATE,
       # Cleanup would turn " ," into "," and break decode(encode(x)) == x.
       clean_up_tokenization_spaces=False, model_max_length=512)
-  out_dir = Path(out_dir)
-  out_dir.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-  try:
+  from cooper_jax.weights.hf_io import atomic_dir  # pylint: disable=import-outside-toplevel
+  with atomic_dir(out_dir) as tmp:
     hf.save_pretrained(tmp)
-    if out_dir.exists():
-      shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  return out_dir
+  return Path(out_dir)
 
 
 def main(argv=None) -> None:

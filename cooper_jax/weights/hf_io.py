@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +18,23 @@ from cooper_jax.models.config import ModelConfig, from_hf_config, to_hf_config
 from cooper_jax.weights.convert import expected_hf_names, hf_from_params, params_from_hf
 
 _INDEX = "model.safetensors.index.json"
+
+
+@contextlib.contextmanager
+def atomic_dir(out_dir: str | os.PathLike):
+  """Yields a temporary sibling directory that replaces `out_dir` only if the block succeeds,
+  so a crash never leaves a half-written export behind."""
+  out_dir = Path(out_dir)
+  out_dir.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+  try:
+    yield tmp
+    if out_dir.exists():
+      shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
 
 
 def _tensor_files(ckpt_dir: Path) -> dict[str, Path]:
@@ -83,17 +101,9 @@ def save_hf_dir(cfg: ModelConfig, params, out_dir: str | os.PathLike, *,
   tensors = {k: np.ascontiguousarray(v.astype(np_dtype))
              for k, v in hf_from_params(cfg, params).items()}
   hf_cfg = to_hf_config(cfg.replace(param_dtype=dtype))
-  out_dir.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-  try:
+  with atomic_dir(out_dir) as tmp:
     save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2))
     if tokenizer is not None:
       tokenizer.hf.save_pretrained(tmp)
-    if out_dir.exists():
-      shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return out_dir
