@@ -289,6 +289,7 @@ class Run:
 
 def train(c, workdir: str) -> Run:
   run = Run(c, workdir)
+  _STOP["requested"] = False  # a stop honoured by an earlier train() in this process is spent
   prev = signal.signal(signal.SIGTERM, _on_sigterm)
   try:
     total = c.train.steps
