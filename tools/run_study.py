@@ -12,6 +12,7 @@ checkpoints stay in <out>/runs/<condition>_s<seed>/.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import shlex
 import subprocess
@@ -82,7 +83,12 @@ def _config(a, mode: str, seed: int):
     *path, last = key.split(".")
     for part in path:
       node = node[part]
-    node[last] = type(node[last])(value) if node[last] is not None else value
+    # A Python literal where it parses (True, 3, 1e-3), else the string; ConfigDict's own type
+    # check then rejects a mismatch by key. (type(old)(value) would turn "False" into True.)
+    try:
+      node[last] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      node[last] = value
   return c
 
 
