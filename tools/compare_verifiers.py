@@ -197,8 +197,7 @@ def rm_probs(rm_dir: str, questions, references, completions, *, batch_size: int
              max_len: int) -> tuple[np.ndarray, dict]:
   """sigmoid(RM score) per triple, input built only by rm_prompt.encode_rm_inputs."""
   import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from cooper_jax.models.transformer import forward  # pylint: disable=import-outside-toplevel
+  from cooper_jax import sharding, steps  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.rm_prompt import encode_rm_inputs  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
@@ -207,7 +206,8 @@ def rm_probs(rm_dir: str, questions, references, completions, *, batch_size: int
     raise ValueError(f"{rm_dir}: not a reward model (head={cfg.head!r}); --rm needs a "
                      "*ForSequenceClassification directory")
   tok = load_tokenizer(rm_dir)
-  fwd = jax.jit(forward, static_argnums=0)
+  # The same reward function training uses (sigmoid of the score head), on one device.
+  reward_fn = steps.make_reward_fn(cfg, sharding.make_mesh(devices=jax.devices()[:1]), params)
   n = len(questions)
   probs, n_trunc, t0 = np.zeros(n), 0, time.perf_counter()
   for start in range(0, n, batch_size):
@@ -220,8 +220,7 @@ def rm_probs(rm_dir: str, questions, references, completions, *, batch_size: int
     fill = batch_size - idx.size  # pad with copies of the last row: one compiled batch shape
     tokens = np.concatenate([tokens, np.repeat(tokens[-1:], fill, 0)])
     mask = np.concatenate([mask, np.repeat(mask[-1:], fill, 0)])
-    scores = np.asarray(fwd(cfg, params, jnp.asarray(tokens), jnp.asarray(mask)))
-    probs[idx] = 1.0 / (1.0 + np.exp(-scores[:idx.size].astype(np.float64)))
+    probs[idx] = np.asarray(reward_fn(params, tokens, mask))[:idx.size]
   return probs, {"truncated_inputs": n_trunc, "max_len": max_len,
                  "wall_s": time.perf_counter() - t0}
 
