@@ -58,8 +58,9 @@ def verify_step_dir(step_dir: Path) -> None:
     if not f.exists():
       raise CheckpointCorrupt(f"{step_dir}: missing file {rel}")
     if f.stat().st_size != size:
-      raise CheckpointCorrupt(f"{step_dir}: {rel} has {f.stat().st_size} bytes, expected {size} "
-                              "(truncated?)")
+      raise CheckpointCorrupt(
+        f"{step_dir}: {rel} has {f.stat().st_size} bytes, expected {size} (truncated?)"
+      )
   have = _manifest(step_dir)
   for rel, (size, digest) in want.items():
     if have[rel][1] != digest:
@@ -68,8 +69,9 @@ def verify_step_dir(step_dir: Path) -> None:
 
 def _abstract(tree):
   """ShapeDtypeStructs carrying the live shardings, so restore lands sharded like the target."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                     sharding=getattr(x, "sharding", None)), tree)
+  return jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree
+  )
 
 
 class CheckpointStore:
@@ -78,9 +80,12 @@ class CheckpointStore:
   def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3):
     self.directory = Path(directory).absolute()
     self.manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False),
-        item_names=("policy", "rm", "meta"))
+      self.directory,
+      options=ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+      ),
+      item_names=("policy", "rm", "meta"),
+    )
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -90,8 +95,10 @@ class CheckpointStore:
 
   def save(self, step: int, policy_state, rm_state, meta: dict[str, Any]) -> Path:
     """Saves everything for `step`; rm_state may be None (rule mode)."""
-    items = {"policy": ocp.args.StandardSave(policy_state),
-             "meta": ocp.args.JsonSave(dict(meta, step=int(step), has_rm=rm_state is not None))}
+    items = {
+      "policy": ocp.args.StandardSave(policy_state),
+      "meta": ocp.args.JsonSave(dict(meta, step=int(step), has_rm=rm_state is not None)),
+    }
     if rm_state is not None:
       items["rm"] = ocp.args.StandardSave(rm_state)
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
@@ -105,7 +112,9 @@ class CheckpointStore:
     step_dir = self.step_dir(step)
     verify_step_dir(step_dir)
     try:
-      meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+      meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+        "meta"
+      ]
       items = {"policy": ocp.args.StandardRestore(_abstract(policy_target))}
       if rm_target is not None:
         if not meta.get("has_rm"):
@@ -128,7 +137,7 @@ class CheckpointStore:
         logging.error("checkpoint step %d is unusable, trying an older one: %s", step, e)
         errors.append(str(e))
     if errors:
-      raise CheckpointCorrupt("no usable checkpoint in " f"{self.directory}: " + " | ".join(errors))
+      raise CheckpointCorrupt(f"no usable checkpoint in {self.directory}: " + " | ".join(errors))
     return None
 
   def close(self):
@@ -158,8 +167,9 @@ def load_policy_for_eval(run_dir: str | os.PathLike, step: int | None = None):
   step = steps[-1] if step is None else step
   verify_step_dir(store.step_dir(step))
   meta = store.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-  policy = store.manager.restore(step, args=ocp.args.Composite(
-      policy=ocp.args.StandardRestore()))["policy"]
+  policy = store.manager.restore(step, args=ocp.args.Composite(policy=ocp.args.StandardRestore()))[
+    "policy"
+  ]
   store.close()
   cfg = ModelConfig(**meta["policy_model"])
   return cfg, policy["params"], meta["tokenizer"]

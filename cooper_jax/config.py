@@ -18,17 +18,41 @@ REWARD_MODES = ("rule", "static_rm", "cooper")
 
 def optim_config(lr: float, warmup_steps: int = 20) -> ml_collections.ConfigDict:
   """AdamW as the reference code: wd 0.01, clip 1.0, linear warm-up then constant."""
-  return ml_collections.ConfigDict(dict(
-      lr=lr, schedule="linear_warmup", warmup_steps=warmup_steps, total_steps=1000,
-      end_lr_frac=0.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, grad_clip=1.0))
+  return ml_collections.ConfigDict(
+    dict(
+      lr=lr,
+      schedule="linear_warmup",
+      warmup_steps=warmup_steps,
+      total_steps=1000,
+      end_lr_frac=0.0,
+      b1=0.9,
+      b2=0.999,
+      eps=1e-8,
+      weight_decay=0.01,
+      grad_clip=1.0,
+    )
+  )
 
 
 def random_model_config() -> ml_collections.ConfigDict:
   """Fields of ModelConfig for `model="random"` (tests, smoke runs, benchmarks)."""
-  return ml_collections.ConfigDict(dict(
-      vocab_size=49152, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
-      rope_theta=10000.0, rms_eps=1e-5, qkv_bias=False, tie_embeddings=True, family="llama",
-      max_seq_len=2048))
+  return ml_collections.ConfigDict(
+    dict(
+      vocab_size=49152,
+      d_model=64,
+      n_layers=2,
+      n_heads=4,
+      n_kv_heads=2,
+      head_dim=16,
+      d_ff=128,
+      rope_theta=10000.0,
+      rms_eps=1e-5,
+      qkv_bias=False,
+      tie_embeddings=True,
+      family="llama",
+      max_seq_len=2048,
+    )
+  )
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -36,41 +60,87 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.reward_mode = "cooper"
 
-  c.policy = dict(model="smollm2-135m-instruct", tokenizer=config_dict.placeholder(str),
-                  random_model=random_model_config(), dtype="float32", param_dtype="float32",
-                  remat=False)
+  c.policy = dict(
+    model="smollm2-135m-instruct",
+    tokenizer=config_dict.placeholder(str),
+    random_model=random_model_config(),
+    dtype="float32",
+    param_dtype="float32",
+    remat=False,
+  )
   c.policy.optim = optim_config(1e-6)
-  c.policy.loss = dict(kl_coef=0.001, kl_kind="low_var_kl", clip_eps=0.2,
-                       clip_eps_high=config_dict.placeholder(float), dual_clip_c=3.0,
-                       agg="token_mean", scale_adv_by_std=True)
+  c.policy.loss = dict(
+    kl_coef=0.001,
+    kl_kind="low_var_kl",
+    clip_eps=0.2,
+    clip_eps_high=config_dict.placeholder(float),
+    dual_clip_c=3.0,
+    agg="token_mean",
+    scale_adv_by_std=True,
+  )
 
   # The reward model. `model` may be a trained RM directory (head already there) or a causal
   # LM, which then gets a fresh zero score head (stated in the run's log).
-  c.rm = dict(model="smollm2-135m-instruct", tokenizer=config_dict.placeholder(str),
-              random_model=random_model_config(), dtype="float32", param_dtype="float32",
-              remat=False, max_len=1024, loss="bt")
+  c.rm = dict(
+    model="smollm2-135m-instruct",
+    tokenizer=config_dict.placeholder(str),
+    random_model=random_model_config(),
+    dtype="float32",
+    param_dtype="float32",
+    remat=False,
+    max_len=1024,
+    loss="bt",
+  )
   c.rm.optim = optim_config(1e-5, warmup_steps=0)
 
-  c.data = dict(train="gsm8k/train", eval="gsm8k/test", eval_limit=64,
-                question_key="question", answer_key="answer", on_bad_row="raise",
-                prompt_suffix=INSTRUCTION_SUFFIX,
-                # Optional held-out RM pairs (JSONL: question, answer, positive, negative):
-                # RM pair accuracy is logged at every evaluation (the RM-stability curve).
-                rm_eval_pairs="")
+  c.data = dict(
+    train="gsm8k/train",
+    eval="gsm8k/test",
+    eval_limit=64,
+    question_key="question",
+    answer_key="answer",
+    on_bad_row="raise",
+    prompt_suffix=INSTRUCTION_SUFFIX,
+    # Optional held-out RM pairs (JSONL: question, answer, positive, negative):
+    # RM pair accuracy is logged at every evaluation (the RM-stability curve).
+    rm_eval_pairs="",
+  )
 
-  c.rollout = dict(prompts_per_step=4, group_size=16, temperature=1.0, top_p=1.0, top_k=0,
-                   max_prompt_len=512, max_new_tokens=512, prompt_pad_multiple=64)
+  c.rollout = dict(
+    prompts_per_step=4,
+    group_size=16,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    max_prompt_len=512,
+    max_new_tokens=512,
+    prompt_pad_multiple=64,
+  )
 
-  c.pairs = dict(positive="first", negatives="perturb", max_tries=3,
-                 accept_no_answer=False, assistant_model="smollm2-135m-instruct",
-                 assistant_temperature=0.7, assistant_max_new_tokens=512)
+  c.pairs = dict(
+    positive="first",
+    negatives="perturb",
+    max_tries=3,
+    accept_no_answer=False,
+    assistant_model="smollm2-135m-instruct",
+    assistant_temperature=0.7,
+    assistant_max_new_tokens=512,
+  )
 
   c.verifier = dict(workers=0, deadline_s=5.0)  # workers 0: min(8, cpus // 2)
 
   c.mesh = dict(data=-1, fsdp=1, tensor=1)
 
-  c.train = dict(steps=100, log_every=1, eval_every=0, eval_samples=1, eval_temperature=0.0,
-                 eval_max_new_tokens=256, checkpoint_every=25, max_to_keep=3)
+  c.train = dict(
+    steps=100,
+    log_every=1,
+    eval_every=0,
+    eval_samples=1,
+    eval_temperature=0.0,
+    eval_max_new_tokens=256,
+    checkpoint_every=25,
+    max_to_keep=3,
+  )
   return c
 
 
@@ -87,10 +157,22 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
   """Raises ValueError naming the offending key."""
   if c.reward_mode not in REWARD_MODES:
     raise ValueError(f"config.reward_mode={c.reward_mode!r}: expected one of {REWARD_MODES}")
-  _positive(c, "rollout.prompts_per_step", "rollout.group_size", "rollout.max_prompt_len",
-            "rollout.max_new_tokens", "rollout.prompt_pad_multiple", "rm.max_len",
-            "policy.optim.lr", "rm.optim.lr", "train.steps", "verifier.deadline_s",
-            "pairs.max_tries", "train.checkpoint_every", "train.max_to_keep")
+  _positive(
+    c,
+    "rollout.prompts_per_step",
+    "rollout.group_size",
+    "rollout.max_prompt_len",
+    "rollout.max_new_tokens",
+    "rollout.prompt_pad_multiple",
+    "rm.max_len",
+    "policy.optim.lr",
+    "rm.optim.lr",
+    "train.steps",
+    "verifier.deadline_s",
+    "pairs.max_tries",
+    "train.checkpoint_every",
+    "train.max_to_keep",
+  )
   if c.rollout.temperature < 0:
     raise ValueError(f"config.rollout.temperature must be >= 0, got {c.rollout.temperature}")
   if not 0 < c.rollout.top_p <= 1:
@@ -99,8 +181,9 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError("config.rollout.group_size must be >= 2 for GRPO advantages")
   for name in ("policy", "rm"):
     if c[name].optim.schedule not in SCHEDULES:
-      raise ValueError(f"config.{name}.optim.schedule={c[name].optim.schedule!r}: expected one "
-                       f"of {SCHEDULES}")
+      raise ValueError(
+        f"config.{name}.optim.schedule={c[name].optim.schedule!r}: expected one of {SCHEDULES}"
+      )
   if c.policy.loss.kl_coef < 0:
     raise ValueError("config.policy.loss.kl_coef must be >= 0")
   if c.policy.loss.kl_kind not in ("k1", "k2", "k3", "low_var_kl"):
@@ -110,8 +193,9 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
   if c.pairs.positive not in ("first", "random"):
     raise ValueError(f"config.pairs.positive={c.pairs.positive!r}: expected 'first' or 'random'")
   if c.pairs.negatives not in ("perturb", "llm_rewrite"):
-    raise ValueError(f"config.pairs.negatives={c.pairs.negatives!r}: expected 'perturb' or "
-                     "'llm_rewrite'")
+    raise ValueError(
+      f"config.pairs.negatives={c.pairs.negatives!r}: expected 'perturb' or 'llm_rewrite'"
+    )
   if c.data.on_bad_row not in ("raise", "skip"):
     raise ValueError(f"config.data.on_bad_row={c.data.on_bad_row!r}: expected 'raise' or 'skip'")
   for axis in ("data", "fsdp", "tensor"):
@@ -130,8 +214,12 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       batch_shards *= sizes[axis] if sizes[axis] > 0 else n_devices // fixed
     rows = c.rollout.prompts_per_step * c.rollout.group_size
     if rows % batch_shards:
-      raise ValueError(f"config.rollout: prompts_per_step*group_size={rows} is not divisible by "
-                       f"the mesh's data*fsdp={batch_shards}")
+      raise ValueError(
+        f"config.rollout: prompts_per_step*group_size={rows} is not divisible by "
+        f"the mesh's data*fsdp={batch_shards}"
+      )
     if c.reward_mode == "cooper" and c.rollout.prompts_per_step % batch_shards:
-      raise ValueError(f"config.rollout.prompts_per_step={c.rollout.prompts_per_step} (RM pairs "
-                       f"per step) is not divisible by the mesh's data*fsdp={batch_shards}")
+      raise ValueError(
+        f"config.rollout.prompts_per_step={c.rollout.prompts_per_step} (RM pairs "
+        f"per step) is not divisible by the mesh's data*fsdp={batch_shards}"
+      )

@@ -11,8 +11,9 @@ import dataclasses
 import json
 import logging
 import math
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -21,218 +22,237 @@ logger = logging.getLogger(__name__)
 # Resolved relative to the package so it works from any working directory.
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 REGISTRY = {
-    "gsm8k/train": "gsm8k/train.jsonl",
-    "gsm8k/test": "gsm8k/test.jsonl",
-    "math500/test": "math500/test.jsonl",
-    "svamp/test": "svamp/test.jsonl",
-    "olympiadbench/test": "olympiadbench/test.jsonl",
+  "gsm8k/train": "gsm8k/train.jsonl",
+  "gsm8k/test": "gsm8k/test.jsonl",
+  "math500/test": "math500/test.jsonl",
+  "svamp/test": "svamp/test.jsonl",
+  "olympiadbench/test": "olympiadbench/test.jsonl",
 }
 _LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 @dataclasses.dataclass
 class LoadReport:
-    source: str                      # what the caller asked for
-    location: str                    # resolved file path or "hub:<name>[<split>]"
-    rows: int = 0                    # rows returned
-    skipped: int = 0                 # bad rows dropped (on_bad_row="skip")
-    bad_rows: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)
-    blank_lines: int = 0             # empty JSONL lines (ignored, but counted)
+  source: str  # what the caller asked for
+  location: str  # resolved file path or "hub:<name>[<split>]"
+  rows: int = 0  # rows returned
+  skipped: int = 0  # bad rows dropped (on_bad_row="skip")
+  bad_rows: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)
+  blank_lines: int = 0  # empty JSONL lines (ignored, but counted)
 
 
 def resolve_source(source: str, split: str | None = None) -> Path | None:
-    """Local path for a registry name or file path; None means "try the hub"."""
-    key = f"{source}/{split}" if split and f"{source}/{split}" in REGISTRY else source
-    if key in REGISTRY:
-        return DATA_DIR / REGISTRY[key]
-    path = Path(source).expanduser()
-    if path.suffix in _LOCAL_SUFFIXES or path.exists():
-        # Looks like a file: never fall through to the hub with a typo'd path.
-        if not path.is_file():
-            raise FileNotFoundError(f"data file not found: {path}")
-        return path
-    return None
+  """Local path for a registry name or file path; None means "try the hub"."""
+  key = f"{source}/{split}" if split and f"{source}/{split}" in REGISTRY else source
+  if key in REGISTRY:
+    return DATA_DIR / REGISTRY[key]
+  path = Path(source).expanduser()
+  if path.suffix in _LOCAL_SUFFIXES or path.exists():
+    # Looks like a file: never fall through to the hub with a typo'd path.
+    if not path.is_file():
+      raise FileNotFoundError(f"data file not found: {path}")
+    return path
+  return None
 
 
 def _normalize_answer(value: Any) -> str | None:
-    """Answer as a non-empty string, or None if unusable. Numbers are allowed (SVAMP has 51.0)."""
-    if isinstance(value, bool):  # bool is an int subclass, but True is never a math answer
-        return None
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return None
-        # 51.0 -> "51": integral floats come from numeric columns, not from the answer itself.
-        return str(int(value)) if value.is_integer() else repr(value)
-    if isinstance(value, str) and value.strip():
-        return value.strip()
+  """Answer as a non-empty string, or None if unusable. Numbers are allowed (SVAMP has 51.0)."""
+  if isinstance(value, bool):  # bool is an int subclass, but True is never a math answer
     return None
+  if isinstance(value, int):
+    return str(value)
+  if isinstance(value, float):
+    if not math.isfinite(value):
+      return None
+    # 51.0 -> "51": integral floats come from numeric columns, not from the answer itself.
+    return str(int(value)) if value.is_integer() else repr(value)
+  if isinstance(value, str) and value.strip():
+    return value.strip()
+  return None
 
 
 def _check_row(obj: Any, question_key: str, answer_key: str) -> tuple[dict | None, str | None]:
-    """(normalized row, None) or (None, reason naming the key)."""
-    if not isinstance(obj, dict):
-        return None, f"row is a {type(obj).__name__}, not an object"
-    if question_key not in obj:
-        return None, f"missing key {question_key!r}"
-    q = obj[question_key]
-    if not isinstance(q, str):
-        return None, f"{question_key!r} must be a string, got {type(q).__name__}"
-    if not q.strip():
-        return None, f"empty {question_key!r}"
-    if answer_key not in obj:
-        return None, f"missing key {answer_key!r}"
-    a = _normalize_answer(obj[answer_key])
-    if a is None:
-        return None, f"empty or invalid {answer_key!r}: {obj[answer_key]!r:.80}"
-    row = dict(obj)
-    row["question"], row["answer"] = q, a
-    return row, None
+  """(normalized row, None) or (None, reason naming the key)."""
+  if not isinstance(obj, dict):
+    return None, f"row is a {type(obj).__name__}, not an object"
+  if question_key not in obj:
+    return None, f"missing key {question_key!r}"
+  q = obj[question_key]
+  if not isinstance(q, str):
+    return None, f"{question_key!r} must be a string, got {type(q).__name__}"
+  if not q.strip():
+    return None, f"empty {question_key!r}"
+  if answer_key not in obj:
+    return None, f"missing key {answer_key!r}"
+  a = _normalize_answer(obj[answer_key])
+  if a is None:
+    return None, f"empty or invalid {answer_key!r}: {obj[answer_key]!r:.80}"
+  row = dict(obj)
+  row["question"], row["answer"] = q, a
+  return row, None
 
 
 def _iter_jsonl(path: Path, report: LoadReport) -> Iterator[tuple[int, Any, str | None]]:
-    """(line_no, object, json_error) per non-blank line, 1-based, so errors can cite lines."""
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                report.blank_lines += 1
-                continue
-            try:
-                yield line_no, json.loads(line), None
-            except json.JSONDecodeError as e:
-                yield line_no, None, f"invalid JSON ({e.msg} at column {e.colno})"
+  """(line_no, object, json_error) per non-blank line, 1-based, so errors can cite lines."""
+  with open(path, encoding="utf-8") as f:
+    for line_no, line in enumerate(f, start=1):
+      if not line.strip():
+        report.blank_lines += 1
+        continue
+      try:
+        yield line_no, json.loads(line), None
+      except json.JSONDecodeError as e:
+        yield line_no, None, f"invalid JSON ({e.msg} at column {e.colno})"
 
 
 def _iter_records(records: Iterable[Any]) -> Iterator[tuple[int, Any, str | None]]:
-    for i, rec in enumerate(records, start=1):
-        yield i, rec, None
+  for i, rec in enumerate(records, start=1):
+    yield i, rec, None
 
 
 def _open_records(path: Path, report: LoadReport, split: str | None):
-    """Iterator of (position, object, error) for a local file, and the unit positions count in."""
-    if path.suffix == ".jsonl":
-        return _iter_jsonl(path, report), "line"
-    if path.suffix == ".json":
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        if isinstance(data, dict):  # {"test": [...]} style files: pick the split
-            if split is None or split not in data:
-                raise ValueError(f"{path}: JSON object needs split= one of {sorted(data)}")
-            data = data[split]
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
-        return _iter_records(data), "item"
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq  # installed with `datasets`; avoids its on-disk cache
-        return _iter_records(pq.read_table(path).to_pylist()), "row"
-    raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use {_LOCAL_SUFFIXES})")
+  """Iterator of (position, object, error) for a local file, and the unit positions count in."""
+  if path.suffix == ".jsonl":
+    return _iter_jsonl(path, report), "line"
+  if path.suffix == ".json":
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+    if isinstance(data, dict):  # {"test": [...]} style files: pick the split
+      if split is None or split not in data:
+        raise ValueError(f"{path}: JSON object needs split= one of {sorted(data)}")
+      data = data[split]
+    if not isinstance(data, list):
+      raise ValueError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
+    return _iter_records(data), "item"
+  if path.suffix == ".parquet":
+    import pyarrow.parquet as pq  # installed with `datasets`; avoids its on-disk cache
+
+    return _iter_records(pq.read_table(path).to_pylist()), "row"
+  raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use {_LOCAL_SUFFIXES})")
 
 
 def _open_hub(name: str, split: str | None):
-    if split is None:
-        raise ValueError(f"{name!r} is neither a shipped dataset ({sorted(REGISTRY)}) nor a "
-                         "local file; to load it from the hub pass split=...")
-    import datasets
-    try:
-        ds = datasets.load_dataset(name, split=split)
-    except Exception as e:
-        raise RuntimeError(f"{name!r} is not a shipped dataset ({sorted(REGISTRY)}) or local "
-                           f"file, and loading it from the hub failed: {e}") from e
-    return _iter_records(ds), "row"
+  if split is None:
+    raise ValueError(
+      f"{name!r} is neither a shipped dataset ({sorted(REGISTRY)}) nor a "
+      "local file; to load it from the hub pass split=..."
+    )
+  import datasets
+
+  try:
+    ds = datasets.load_dataset(name, split=split)
+  except Exception as e:
+    raise RuntimeError(
+      f"{name!r} is not a shipped dataset ({sorted(REGISTRY)}) or local "
+      f"file, and loading it from the hub failed: {e}"
+    ) from e
+  return _iter_records(ds), "row"
 
 
-def load_qa(source: str, split: str | None = None, *, question_key: str = "question",
-            answer_key: str = "answer", on_bad_row: str = "raise",
-            limit: int | None = None) -> tuple[list[dict], LoadReport]:
-    """Load validated {"question", "answer", ...} rows.
+def load_qa(
+  source: str,
+  split: str | None = None,
+  *,
+  question_key: str = "question",
+  answer_key: str = "answer",
+  on_bad_row: str = "raise",
+  limit: int | None = None,
+) -> tuple[list[dict], LoadReport]:
+  """Load validated {"question", "answer", ...} rows.
 
-    source: a registry name (see REGISTRY; "gsm8k" + split="test" also works), a local
-    .jsonl/.json/.parquet file, or a hub dataset name (needs split). Returned rows keep all
-    original fields; "question" and "answer" hold the validated values (answer as str).
-    """
-    if on_bad_row not in ("raise", "skip"):
-        raise ValueError(f"on_bad_row must be 'raise' or 'skip', got {on_bad_row!r}")
-    path = resolve_source(source, split)
-    location = str(path) if path is not None else f"hub:{source}[{split}]"
-    report = LoadReport(source=source, location=location)
-    records, unit = _open_records(path, report, split) if path else _open_hub(source, split)
+  source: a registry name (see REGISTRY; "gsm8k" + split="test" also works), a local
+  .jsonl/.json/.parquet file, or a hub dataset name (needs split). Returned rows keep all
+  original fields; "question" and "answer" hold the validated values (answer as str).
+  """
+  if on_bad_row not in ("raise", "skip"):
+    raise ValueError(f"on_bad_row must be 'raise' or 'skip', got {on_bad_row!r}")
+  path = resolve_source(source, split)
+  location = str(path) if path is not None else f"hub:{source}[{split}]"
+  report = LoadReport(source=source, location=location)
+  records, unit = _open_records(path, report, split) if path else _open_hub(source, split)
 
-    rows: list[dict] = []
-    for pos, obj, err in records:
-        if limit is not None and len(rows) >= limit:
-            break
-        row = None
-        if err is None:
-            row, err = _check_row(obj, question_key, answer_key)
-        if err is not None:
-            if on_bad_row == "raise":
-                raise ValueError(f"{location}: {unit} {pos}: {err}")
-            report.bad_rows.append((location, pos, err))
-            continue
-        rows.append(row)
-    report.rows, report.skipped = len(rows), len(report.bad_rows)
-    if report.skipped:
-        shown = "; ".join(f"{unit} {p}: {r}" for _, p, r in report.bad_rows[:5])
-        logger.warning("%s: skipped %d bad rows of %d (%s%s)", location, report.skipped,
-                       report.skipped + report.rows, shown,
-                       "; ..." if report.skipped > 5 else "")
-    return rows, report
+  rows: list[dict] = []
+  for pos, obj, err in records:
+    if limit is not None and len(rows) >= limit:
+      break
+    row = None
+    if err is None:
+      row, err = _check_row(obj, question_key, answer_key)
+    if err is not None:
+      if on_bad_row == "raise":
+        raise ValueError(f"{location}: {unit} {pos}: {err}")
+      report.bad_rows.append((location, pos, err))
+      continue
+    rows.append(row)
+  report.rows, report.skipped = len(rows), len(report.bad_rows)
+  if report.skipped:
+    shown = "; ".join(f"{unit} {p}: {r}" for _, p, r in report.bad_rows[:5])
+    logger.warning(
+      "%s: skipped %d bad rows of %d (%s%s)",
+      location,
+      report.skipped,
+      report.skipped + report.rows,
+      shown,
+      "; ..." if report.skipped > 5 else "",
+    )
+  return rows, report
 
 
 def to_dataset(rows: list[dict]):
-    """The rows as a `datasets.Dataset`, for code that wants map/filter/save."""
-    import datasets
-    return datasets.Dataset.from_list(rows)
+  """The rows as a `datasets.Dataset`, for code that wants map/filter/save."""
+  import datasets
+
+  return datasets.Dataset.from_list(rows)
 
 
 class PromptIterator:
-    """Deterministic epoch-shuffled batches over rows, resumable at the exact position.
+  """Deterministic epoch-shuffled batches over rows, resumable at the exact position.
 
-    Epoch e uses the permutation from np.random.default_rng([seed, e]), so resuming needs only
-    (epoch, index, seed): no RNG state has to be saved.
-    """
+  Epoch e uses the permutation from np.random.default_rng([seed, e]), so resuming needs only
+  (epoch, index, seed): no RNG state has to be saved.
+  """
 
-    def __init__(self, rows: list[dict], seed: int = 0, shuffle: bool = True):
-        if not rows:
-            raise ValueError("PromptIterator needs at least one row")
-        self.rows, self.seed, self.shuffle = rows, int(seed), shuffle
-        self.epoch, self.index = 0, 0
-        self._perm_epoch, self._perm = -1, np.arange(0)
+  def __init__(self, rows: list[dict], seed: int = 0, shuffle: bool = True):
+    if not rows:
+      raise ValueError("PromptIterator needs at least one row")
+    self.rows, self.seed, self.shuffle = rows, int(seed), shuffle
+    self.epoch, self.index = 0, 0
+    self._perm_epoch, self._perm = -1, np.arange(0)
 
-    def _order(self) -> np.ndarray:
-        if self._perm_epoch != self.epoch:
-            n = len(self.rows)
-            self._perm = (np.random.default_rng([self.seed, self.epoch]).permutation(n)
-                          if self.shuffle else np.arange(n))
-            self._perm_epoch = self.epoch
-        return self._perm
+  def _order(self) -> np.ndarray:
+    if self._perm_epoch != self.epoch:
+      n = len(self.rows)
+      self._perm = (
+        np.random.default_rng([self.seed, self.epoch]).permutation(n)
+        if self.shuffle
+        else np.arange(n)
+      )
+      self._perm_epoch = self.epoch
+    return self._perm
 
-    def next_batch(self, n: int) -> list[dict]:
-        """The next n rows; crosses epoch boundaries (a new shuffle each epoch)."""
-        if n <= 0:
-            raise ValueError(f"batch size must be positive, got {n}")
-        out = []
-        while len(out) < n:
-            order = self._order()
-            take = min(n - len(out), len(order) - self.index)
-            out.extend(self.rows[i] for i in order[self.index:self.index + take])
-            self.index += take
-            if self.index == len(order):
-                self.epoch, self.index = self.epoch + 1, 0
-        return out
+  def next_batch(self, n: int) -> list[dict]:
+    """The next n rows; crosses epoch boundaries (a new shuffle each epoch)."""
+    if n <= 0:
+      raise ValueError(f"batch size must be positive, got {n}")
+    out = []
+    while len(out) < n:
+      order = self._order()
+      take = min(n - len(out), len(order) - self.index)
+      out.extend(self.rows[i] for i in order[self.index : self.index + take])
+      self.index += take
+      if self.index == len(order):
+        self.epoch, self.index = self.epoch + 1, 0
+    return out
 
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index, "seed": self.seed,
-                "num_rows": len(self.rows)}
+  def state_dict(self) -> dict:
+    return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_rows": len(self.rows)}
 
-    def load_state_dict(self, state: dict) -> None:
-        # A different row count means a different dataset: the saved position is meaningless.
-        if "num_rows" in state and int(state["num_rows"]) != len(self.rows):
-            raise ValueError(f"state is for {state['num_rows']} rows, iterator has "
-                             f"{len(self.rows)}")
-        index = int(state["index"])
-        if not 0 <= index < len(self.rows):
-            raise ValueError(f"state index {index} out of range for {len(self.rows)} rows")
-        self.epoch, self.index, self.seed = int(state["epoch"]), index, int(state["seed"])
-        self._perm_epoch = -1
+  def load_state_dict(self, state: dict) -> None:
+    # A different row count means a different dataset: the saved position is meaningless.
+    if "num_rows" in state and int(state["num_rows"]) != len(self.rows):
+      raise ValueError(f"state is for {state['num_rows']} rows, iterator has {len(self.rows)}")
+    index = int(state["index"])
+    if not 0 <= index < len(self.rows):
+      raise ValueError(f"state index {index} out of range for {len(self.rows)} rows")
+    self.epoch, self.index, self.seed = int(state["epoch"]), index, int(state["seed"])
+    self._perm_epoch = -1

@@ -17,8 +17,8 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -43,16 +43,18 @@ def _bootstrap_means(per_problem: np.ndarray, n_resamples: int, rng: np.random.G
   return x[idx].mean(axis=1)
 
 
-def bootstrap_ci(per_problem_acc, n_resamples: int = 1000, seed: int = 0,
-                 alpha: float = 0.05) -> tuple[float, float]:
+def bootstrap_ci(
+  per_problem_acc, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float]:
   """Percentile bootstrap CI of the mean, resampling problems with replacement."""
   means = _bootstrap_means(per_problem_acc, n_resamples, np.random.default_rng(seed))
   lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
   return float(lo), float(hi)
 
 
-def bootstrap_ci_average(per_problem_accs: list, n_resamples: int = 1000, seed: int = 0,
-                         alpha: float = 0.05) -> tuple[float, float]:
+def bootstrap_ci_average(
+  per_problem_accs: list, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float]:
   """CI of the unweighted mean over benchmarks: each resample redraws every benchmark."""
   rng = np.random.default_rng(seed)
   means = np.mean([_bootstrap_means(a, n_resamples, rng) for a in per_problem_accs], axis=0)
@@ -65,14 +67,15 @@ def _left_pad(tokens: np.ndarray, mask: np.ndarray, width: int, pad_id: int):
   b, p = tokens.shape
   out_t = np.full((b, width), pad_id, np.int32)
   out_m = np.zeros((b, width), bool)
-  out_t[:, width - p:], out_m[:, width - p:] = tokens, mask
+  out_t[:, width - p :], out_m[:, width - p :] = tokens, mask
   return out_t, out_m
 
 
 def _compiled_sampler(cfg, params, tokens, mask, rng, **static):
   """One AOT-compiled sampler per shape/setting; returns (fn, compile seconds or 0 if cached)."""
-  leaves = tuple((x.shape, str(x.dtype), getattr(x, "sharding", None))
-                 for x in jax.tree_util.tree_leaves(params))
+  leaves = tuple(
+    (x.shape, str(x.dtype), getattr(x, "sharding", None)) for x in jax.tree_util.tree_leaves(params)
+  )
   key = (cfg, tokens.shape, tuple(sorted(static.items())), leaves)
   if key in _COMPILED:
     return _COMPILED[key], 0.0
@@ -85,28 +88,50 @@ def _compiled_sampler(cfg, params, tokens, mask, rng, **static):
   return fn, dt
 
 
-def build_prompts(tokenizer, questions: list[str], suffix: str = INSTRUCTION_SUFFIX,
-                  chat: bool = True) -> list[str]:
+def build_prompts(
+  tokenizer, questions: list[str], suffix: str = INSTRUCTION_SUFFIX, chat: bool = True
+) -> list[str]:
   return [tokenizer.chat_prompt(q + suffix) if chat else q + suffix for q in questions]
 
 
-def _eval_benchmark(name, rows, cfg, params, tokenizer, *, samples, temperature, top_p,
-                    max_new_tokens, batch_size, rng, verifier, suffix, pad_multiple,
-                    deadline_s, chat):
+def _eval_benchmark(
+  name,
+  rows,
+  cfg,
+  params,
+  tokenizer,
+  *,
+  samples,
+  temperature,
+  top_p,
+  max_new_tokens,
+  batch_size,
+  rng,
+  verifier,
+  suffix,
+  pad_multiple,
+  deadline_s,
+  chat,
+):
   n_q = len(rows)
   prompts = build_prompts(tokenizer, [r["question"] for r in rows], suffix, chat)
   q_tok, q_mask = tokenizer.encode_prompts(prompts, pad_to_multiple=pad_multiple)
   width = q_tok.shape[1]
   order = np.repeat(np.arange(n_q), samples)  # rollout r -> problem order[r], problem-major
   n_roll = order.size
-  static = dict(max_new_tokens=max_new_tokens, temperature=float(temperature),
-                top_p=float(top_p), eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id)
+  static = dict(
+    max_new_tokens=max_new_tokens,
+    temperature=float(temperature),
+    top_p=float(top_p),
+    eos_ids=tuple(tokenizer.eos_ids),
+    pad_id=tokenizer.pad_id,
+  )
   toks_all = np.zeros((n_roll, max_new_tokens), np.int32)
   mask_all = np.zeros((n_roll, max_new_tokens), bool)
   compile_s = sample_s = 0.0
   bar = tqdm(total=n_roll, desc=f"sample {name}", unit="rollout", dynamic_ncols=True)
   for bi, start in enumerate(range(0, n_roll, batch_size)):
-    idx = order[start:start + batch_size]
+    idx = order[start : start + batch_size]
     real = idx.size
     idx = np.concatenate([idx, np.full(batch_size - real, idx[-1])])  # dummy rows, dropped
     tokens, mask = jnp.asarray(q_tok[idx]), jnp.asarray(q_mask[idx])
@@ -117,7 +142,7 @@ def _eval_benchmark(name, rows, cfg, params, tokenizer, *, samples, temperature,
     out = fn(params, tokens, mask, key)
     toks, m = np.asarray(out.tokens), np.asarray(out.mask)
     sample_s += time.perf_counter() - t0
-    toks_all[start:start + real], mask_all[start:start + real] = toks[:real], m[:real]
+    toks_all[start : start + real], mask_all[start : start + real] = toks[:real], m[:real]
     bar.update(real)
   bar.close()
 
@@ -135,33 +160,64 @@ def _eval_benchmark(name, rows, cfg, params, tokenizer, *, samples, temperature,
   counts = {k: int(v) for k, v in res.counts.items()}
   if any(counts.get(k, 0) for k in ("timeout", "error", "ref_parse_error")):
     logger.warning("%s: verifier problems %s (scored incorrect, not hidden)", name, counts)
-  samples_out = [{"id": rows[q].get("id", str(q)), "benchmark": name, "sample": int(r % samples),
-                  "completion": completions[r], "answer": refs[r],
-                  "pred": res.pred[r] if getattr(res, "pred", None) else None,
-                  "correct": bool(res.correct[r]), "status": res.status[r],
-                  "new_tokens": int(lengths[r])} for r, q in enumerate(order)]
+  samples_out = [
+    {
+      "id": rows[q].get("id", str(q)),
+      "benchmark": name,
+      "sample": int(r % samples),
+      "completion": completions[r],
+      "answer": refs[r],
+      "pred": res.pred[r] if getattr(res, "pred", None) else None,
+      "correct": bool(res.correct[r]),
+      "status": res.status[r],
+      "new_tokens": int(lengths[r]),
+    }
+    for r, q in enumerate(order)
+  ]
   result = {
-      "n_problems": n_q, "samples": samples, "rollouts": n_roll,
-      "accuracy": float(per_problem.mean()), "counts": counts,
-      "worker_restarts": int(getattr(res, "worker_restarts", 0)),
-      "prompt_width": int(width), "batch_shape": [batch_size, int(width)],
-      "mean_response_tokens": float(lengths.mean()),
-      "truncated_fraction": float(1.0 - ended.mean()),
-      "throughput": {"new_tokens": new_tokens, "sample_s": sample_s, "compile_s": compile_s,
-                     "tokens_per_s": new_tokens / sample_s if sample_s > 0 else None,
-                     "verify_s": verify_s},
-      "ids": [r.get("id", str(i)) for i, r in enumerate(rows)],
-      "per_problem_acc": per_problem.tolist(),
-      "per_problem_correct": correct.astype(int).tolist(),
+    "n_problems": n_q,
+    "samples": samples,
+    "rollouts": n_roll,
+    "accuracy": float(per_problem.mean()),
+    "counts": counts,
+    "worker_restarts": int(getattr(res, "worker_restarts", 0)),
+    "prompt_width": int(width),
+    "batch_shape": [batch_size, int(width)],
+    "mean_response_tokens": float(lengths.mean()),
+    "truncated_fraction": float(1.0 - ended.mean()),
+    "throughput": {
+      "new_tokens": new_tokens,
+      "sample_s": sample_s,
+      "compile_s": compile_s,
+      "tokens_per_s": new_tokens / sample_s if sample_s > 0 else None,
+      "verify_s": verify_s,
+    },
+    "ids": [r.get("id", str(i)) for i, r in enumerate(rows)],
+    "per_problem_acc": per_problem.tolist(),
+    "per_problem_correct": correct.astype(int).tolist(),
   }
   return result, samples_out
 
 
-def evaluate_model(cfg, params, tokenizer, benchmarks: dict, *, samples: int = 8,
-                   temperature: float = 0.7, top_p: float = 0.95, max_new_tokens: int = 1024,
-                   batch_size: int = 64, seed: int = 0, verifier=None,
-                   suffix: str = INSTRUCTION_SUFFIX, pad_multiple: int = 64,
-                   deadline_s: float = 5.0, chat: bool = True, n_resamples: int = 1000) -> dict:
+def evaluate_model(
+  cfg,
+  params,
+  tokenizer,
+  benchmarks: dict,
+  *,
+  samples: int = 8,
+  temperature: float = 0.7,
+  top_p: float = 0.95,
+  max_new_tokens: int = 1024,
+  batch_size: int = 64,
+  seed: int = 0,
+  verifier=None,
+  suffix: str = INSTRUCTION_SUFFIX,
+  pad_multiple: int = 64,
+  deadline_s: float = 5.0,
+  chat: bool = True,
+  n_resamples: int = 1000,
+) -> dict:
   """pass@1 averaged over `samples` per problem, per benchmark and averaged over benchmarks.
 
   benchmarks: {name: rows with "question", "answer" (and "id")}. verifier: anything with
@@ -178,21 +234,48 @@ def evaluate_model(cfg, params, tokenizer, benchmarks: dict, *, samples: int = 8
   own = verifier is None
   if own:
     from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
+
     verifier = RuleVerifier()
   t_start = time.perf_counter()
   base = jax.random.key(seed)
-  out = {"config": {"samples": samples, "temperature": float(temperature), "top_p": float(top_p),
-                    "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
-                    "suffix": suffix, "pad_multiple": pad_multiple, "deadline_s": deadline_s,
-                    "chat": chat, "n_resamples": n_resamples, "ci_level": 0.95},
-         "benchmarks": {}, "records": {}}
+  out = {
+    "config": {
+      "samples": samples,
+      "temperature": float(temperature),
+      "top_p": float(top_p),
+      "max_new_tokens": max_new_tokens,
+      "batch_size": batch_size,
+      "seed": seed,
+      "suffix": suffix,
+      "pad_multiple": pad_multiple,
+      "deadline_s": deadline_s,
+      "chat": chat,
+      "n_resamples": n_resamples,
+      "ci_level": 0.95,
+    },
+    "benchmarks": {},
+    "records": {},
+  }
   try:
     for i, (name, rows) in enumerate(benchmarks.items()):
       res, recs = _eval_benchmark(
-          name, rows, cfg, params, tokenizer, samples=samples, temperature=temperature,
-          top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size,
-          rng=jax.random.fold_in(base, i), verifier=verifier, suffix=suffix,
-          pad_multiple=pad_multiple, deadline_s=deadline_s, chat=chat)
+        name,
+        rows,
+        cfg,
+        params,
+        tokenizer,
+        samples=samples,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        rng=jax.random.fold_in(base, i),
+        verifier=verifier,
+        suffix=suffix,
+        pad_multiple=pad_multiple,
+        deadline_s=deadline_s,
+        chat=chat,
+      )
       res["ci95"] = list(bootstrap_ci(res["per_problem_acc"], n_resamples, seed))
       out["benchmarks"][name], out["records"][name] = res, recs
   finally:
@@ -202,16 +285,23 @@ def evaluate_model(cfg, params, tokenizer, benchmarks: dict, *, samples: int = 8
   accs = [np.asarray(b["per_problem_acc"]) for b in bs]
   new_tokens = sum(b["throughput"]["new_tokens"] for b in bs)
   sample_s = sum(b["throughput"]["sample_s"] for b in bs)
-  out["average"] = {"accuracy": float(np.mean([a.mean() for a in accs])),
-                    "ci95": list(bootstrap_ci_average(accs, n_resamples, seed))}
+  out["average"] = {
+    "accuracy": float(np.mean([a.mean() for a in accs])),
+    "ci95": list(bootstrap_ci_average(accs, n_resamples, seed)),
+  }
   out["totals"] = {
-      "rollouts": sum(b["rollouts"] for b in bs), "new_tokens": new_tokens,
-      "sample_s": sample_s, "compile_s": sum(b["throughput"]["compile_s"] for b in bs),
-      "verify_s": sum(b["throughput"]["verify_s"] for b in bs),
-      "tokens_per_s": new_tokens / sample_s if sample_s > 0 else None,
-      "counts": {k: sum(b["counts"].get(k, 0) for b in bs)
-                 for k in dict.fromkeys(k for b in bs for k in b["counts"])},
-      "wall_s": time.perf_counter() - t_start}
+    "rollouts": sum(b["rollouts"] for b in bs),
+    "new_tokens": new_tokens,
+    "sample_s": sample_s,
+    "compile_s": sum(b["throughput"]["compile_s"] for b in bs),
+    "verify_s": sum(b["throughput"]["verify_s"] for b in bs),
+    "tokens_per_s": new_tokens / sample_s if sample_s > 0 else None,
+    "counts": {
+      k: sum(b["counts"].get(k, 0) for b in bs)
+      for k in dict.fromkeys(k for b in bs for k in b["counts"])
+    },
+    "wall_s": time.perf_counter() - t_start,
+  }
   return out
 
 
@@ -220,12 +310,20 @@ def format_table(results: dict, label: str) -> str:
   """A Table-3-shaped markdown table: label | each benchmark | avg, cells "acc (lo-hi)" in %."""
   names = list(results["benchmarks"])
   cell = lambda acc, ci: f"{100 * acc:.2f} ({100 * ci[0]:.2f}-{100 * ci[1]:.2f})"
-  cells = [cell(results["benchmarks"][n]["accuracy"], results["benchmarks"][n]["ci95"])
-           for n in names]
+  cells = [
+    cell(results["benchmarks"][n]["accuracy"], results["benchmarks"][n]["ci95"]) for n in names
+  ]
   cells.append(cell(results["average"]["accuracy"], results["average"]["ci95"]))
-  return "\n".join(["| model | " + " | ".join(names) + " | avg |",
-                    "|---" * (len(names) + 2) + "|",
-                    f"| {label} | " + " | ".join(cells) + " |"]) + "\n"
+  return (
+    "\n".join(
+      [
+        "| model | " + " | ".join(names) + " | avg |",
+        "|---" * (len(names) + 2) + "|",
+        f"| {label} | " + " | ".join(cells) + " |",
+      ]
+    )
+    + "\n"
+  )
 
 
 def atomic_write(path, write_fn: Callable, mode: str = "w") -> None:
@@ -255,8 +353,10 @@ def atomic_write_json(path, obj) -> None:
 def write_outputs(results: dict, out_dir, label: str) -> dict:
   """results.json (no per-rollout text), table.md, samples.jsonl; returns their paths."""
   out_dir = Path(out_dir)
-  paths = {k: out_dir / f for k, f in
-           (("results", "results.json"), ("table", "table.md"), ("samples", "samples.jsonl"))}
+  paths = {
+    k: out_dir / f
+    for k, f in (("results", "results.json"), ("table", "table.md"), ("samples", "samples.jsonl"))
+  }
   summary = {k: v for k, v in results.items() if k != "records"}
   summary["label"] = label
 
@@ -272,27 +372,32 @@ def write_outputs(results: dict, out_dir, label: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------- CLI
-def load_model(model: str | None, checkpoint: str | None, tokenizer_source: str | None,
-               dtype: str | None = None):
+def load_model(
+  model: str | None, checkpoint: str | None, tokenizer_source: str | None, dtype: str | None = None
+):
   """(cfg, params, tokenizer) from a load_pretrained source or a cooper_jax checkpoint.
 
   Checkpoints go through cooper_jax.checkpoint.load_policy_for_eval(dir), expected to return
   (cfg, params, tokenizer or tokenizer source) or (cfg, params) (then --tokenizer is needed).
   """
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
+
   overrides = {"dtype": dtype, "param_dtype": dtype} if dtype else {}
   if (model is None) == (checkpoint is None):
     raise ValueError("give exactly one of --model or --checkpoint")
   if model is not None:
     from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
+
     cfg, params = load_pretrained(model, **overrides)
     return cfg, params, load_tokenizer(tokenizer_source or model)
   try:
     from cooper_jax.checkpoint import load_policy_for_eval  # pylint: disable=import-outside-toplevel
   except ImportError as e:
-    raise RuntimeError("--checkpoint needs cooper_jax.checkpoint.load_policy_for_eval, which "
-                       f"could not be imported ({e}); use --model with an HF dir or .gguf "
-                       "export instead") from e
+    raise RuntimeError(
+      "--checkpoint needs cooper_jax.checkpoint.load_policy_for_eval, which "
+      f"could not be imported ({e}); use --model with an HF dir or .gguf "
+      "export instead"
+    ) from e
   loaded = load_policy_for_eval(checkpoint)
   cfg, params = loaded[0], loaded[1]
   tok = loaded[2] if len(loaded) > 2 else None
@@ -306,14 +411,20 @@ def load_model(model: str | None, checkpoint: str | None, tokenizer_source: str 
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(prog="python -m cooper_jax.evaluate", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog="python -m cooper_jax.evaluate",
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--model", help="HF dir, .gguf, or 'smollm2-135m-instruct'")
   src.add_argument("--checkpoint", help="a cooper_jax training checkpoint directory")
   p.add_argument("--tokenizer", help="tokenizer source (default: the model's)")
-  p.add_argument("--benchmarks", default=DEFAULT_BENCHMARKS,
-                 help="comma-separated registry names or .jsonl paths")
+  p.add_argument(
+    "--benchmarks",
+    default=DEFAULT_BENCHMARKS,
+    help="comma-separated registry names or .jsonl paths",
+  )
   p.add_argument("--limit", type=int, default=None, help="first N problems per benchmark")
   p.add_argument("--samples", type=int, default=8)
   p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
@@ -334,37 +445,61 @@ def main(argv=None) -> dict:
 
   from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
+
   t0 = time.perf_counter()
   benchmarks = {}
   for name in [b.strip() for b in a.benchmarks.split(",") if b.strip()]:
     rows, report = load_qa(name, limit=a.limit)
     benchmarks[name] = rows
-    logger.info("%s: %d problems from %s (skipped %d)", name, len(rows), report.location,
-                report.skipped)
+    logger.info(
+      "%s: %d problems from %s (skipped %d)", name, len(rows), report.location, report.skipped
+    )
   cfg, params, tokenizer = load_model(a.model, a.checkpoint, a.tokenizer, a.dtype)
   with RuleVerifier(a.workers) as verifier:
     results = evaluate_model(
-        cfg, params, tokenizer, benchmarks, samples=a.samples, temperature=a.temperature,
-        top_p=a.top_p, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size, seed=a.seed,
-        verifier=verifier, suffix=a.suffix, pad_multiple=a.pad_multiple,
-        deadline_s=a.deadline_s, chat=not a.no_chat)
-  results["config"].update(model=a.model, checkpoint=a.checkpoint, tokenizer=a.tokenizer,
-                           benchmarks=list(benchmarks), limit=a.limit, dtype=cfg.dtype,
-                           devices=[str(d) for d in jax.devices()])
+      cfg,
+      params,
+      tokenizer,
+      benchmarks,
+      samples=a.samples,
+      temperature=a.temperature,
+      top_p=a.top_p,
+      max_new_tokens=a.max_new_tokens,
+      batch_size=a.batch_size,
+      seed=a.seed,
+      verifier=verifier,
+      suffix=a.suffix,
+      pad_multiple=a.pad_multiple,
+      deadline_s=a.deadline_s,
+      chat=not a.no_chat,
+    )
+  results["config"].update(
+    model=a.model,
+    checkpoint=a.checkpoint,
+    tokenizer=a.tokenizer,
+    benchmarks=list(benchmarks),
+    limit=a.limit,
+    dtype=cfg.dtype,
+    devices=[str(d) for d in jax.devices()],
+  )
   results["totals"]["script_wall_s"] = time.perf_counter() - t0
   label = a.label or a.model or a.checkpoint
   paths = write_outputs(results, a.out, label)
   print(format_table(results, label))
   for name, b in results["benchmarks"].items():
     tp = b["throughput"]
-    print(f"{name}: {b['n_problems']} problems x {b['samples']}, verifier {b['counts']}, "
-          f"restarts {b['worker_restarts']}, mean len {b['mean_response_tokens']:.1f} tok, "
-          f"truncated {100 * b['truncated_fraction']:.1f}%, "
-          f"{(tp['tokens_per_s'] or 0):.1f} new tok/s, compile {tp['compile_s']:.1f}s, "
-          f"sampling {tp['sample_s']:.1f}s, verify {tp['verify_s']:.1f}s")
+    print(
+      f"{name}: {b['n_problems']} problems x {b['samples']}, verifier {b['counts']}, "
+      f"restarts {b['worker_restarts']}, mean len {b['mean_response_tokens']:.1f} tok, "
+      f"truncated {100 * b['truncated_fraction']:.1f}%, "
+      f"{(tp['tokens_per_s'] or 0):.1f} new tok/s, compile {tp['compile_s']:.1f}s, "
+      f"sampling {tp['sample_s']:.1f}s, verify {tp['verify_s']:.1f}s"
+    )
   t = results["totals"]
-  print(f"total: {(t['tokens_per_s'] or 0):.1f} new tok/s, compile {t['compile_s']:.1f}s, "
-        f"eval wall {t['wall_s']:.1f}s, script wall {t['script_wall_s']:.1f}s")
+  print(
+    f"total: {(t['tokens_per_s'] or 0):.1f} new tok/s, compile {t['compile_s']:.1f}s, "
+    f"eval wall {t['wall_s']:.1f}s, script wall {t['script_wall_s']:.1f}s"
+  )
   print("wrote " + ", ".join(paths.values()))
   return results
 

@@ -21,12 +21,12 @@ def reward_hacking_monitors(rm_reward_b: np.ndarray, correct_b: np.ndarray) -> d
   correct = correct_b.astype(bool)
   tp = float(np.sum(rm_pos & correct))
   return {
-      "rm/reward_mean": float(np.mean(rm_reward_b)),
-      "rm/minus_rule_acc": float(np.mean(rm_reward_b) - np.mean(correct)),
-      "rm/agreement": float(np.mean(rm_pos == correct)),
-      "rm/precision": tp / max(float(np.sum(rm_pos)), 1.0),
-      "rm/recall": tp / max(float(np.sum(correct)), 1.0),
-      "rm/positive_rate": float(np.mean(rm_pos)),
+    "rm/reward_mean": float(np.mean(rm_reward_b)),
+    "rm/minus_rule_acc": float(np.mean(rm_reward_b) - np.mean(correct)),
+    "rm/agreement": float(np.mean(rm_pos == correct)),
+    "rm/precision": tp / max(float(np.sum(rm_pos)), 1.0),
+    "rm/recall": tp / max(float(np.sum(correct)), 1.0),
+    "rm/positive_rate": float(np.mean(rm_pos)),
   }
 
 
@@ -40,6 +40,7 @@ class MetricsWriter:
     self.file = open(self.path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
     try:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+
       self.tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
     except ImportError:
       self.tb = None
@@ -48,8 +49,11 @@ class MetricsWriter:
     """On resume, lines logged after the restored checkpoint are replaced, not duplicated."""
     if not self.path.exists():
       return
-    keep = [l for l in self.path.read_text().splitlines()
-            if l.strip() and json.loads(l).get("step", 0) <= step]
+    keep = [
+      l
+      for l in self.path.read_text().splitlines()
+      if l.strip() and json.loads(l).get("step", 0) <= step
+    ]
     tmp = self.path.with_name(".metrics.jsonl.tmp")
     tmp.write_text("".join(l + "\n" for l in keep))
     os.replace(tmp, self.path)
@@ -57,8 +61,12 @@ class MetricsWriter:
   def write(self, step: int, metrics: dict) -> None:
     row = {"step": int(step)}
     for k, v in metrics.items():
-      v = float(v) if isinstance(v, (np.floating, np.integer, float, int)) or (
-          hasattr(v, "shape") and getattr(v, "shape") == ()) else v
+      v = (
+        float(v)
+        if isinstance(v, (np.floating, np.integer, float, int))
+        or (hasattr(v, "shape") and getattr(v, "shape") == ())
+        else v
+      )
       row[k] = v
       if self.tb is not None and isinstance(v, float) and math.isfinite(v):
         self.tb.add_scalar(k, v, step)

@@ -22,8 +22,12 @@ def make_schedule(oc) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, lr, warm, max(total, warm + 1), end)
   if oc.schedule == "warmup_linear_decay":
     return optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, max(warm, 1)),
-         optax.linear_schedule(lr, end, max(total - warm, 1))], [warm])
+      [
+        optax.linear_schedule(0.0, lr, max(warm, 1)),
+        optax.linear_schedule(lr, end, max(total - warm, 1)),
+      ],
+      [warm],
+    )
   raise ValueError(f"optim.schedule={oc.schedule!r}: expected one of {SCHEDULES}")
 
 
@@ -32,6 +36,13 @@ def make_optimizer(oc) -> optax.GradientTransformation:
   parts = []
   if oc.grad_clip and oc.grad_clip > 0:
     parts.append(optax.clip_by_global_norm(float(oc.grad_clip)))
-  parts.append(optax.adamw(make_schedule(oc), b1=float(oc.b1), b2=float(oc.b2), eps=float(oc.eps),
-                           weight_decay=float(oc.weight_decay)))
+  parts.append(
+    optax.adamw(
+      make_schedule(oc),
+      b1=float(oc.b1),
+      b2=float(oc.b2),
+      eps=float(oc.eps),
+      weight_decay=float(oc.weight_decay),
+    )
+  )
   return optax.chain(*parts)

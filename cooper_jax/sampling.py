@@ -9,7 +9,8 @@ loop). The loop exits as soon as every row has emitted an end-of-sequence token.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,7 @@ class SampleOutput(NamedTuple):
   are log-softmax(logits / temperature) at the sampled token (raw logits when greedy), before
   top-k/top-p filtering; 0 where mask is False.
   """
+
   tokens: jax.Array
   logprobs: jax.Array
   mask: jax.Array
@@ -58,11 +60,24 @@ def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
   return tok_b, jnp.take_along_axis(logp_bv, tok_b[:, None], axis=-1)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature", "top_p",
-                                             "top_k", "eos_ids", "pad_id"))
-def sample(params, tokens_bp, mask_bp, rng, *, cfg: ModelConfig, max_new_tokens: int,
-           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-           eos_ids: Sequence[int] = (), pad_id: int = 0) -> SampleOutput:
+@functools.partial(
+  jax.jit,
+  static_argnames=("cfg", "max_new_tokens", "temperature", "top_p", "top_k", "eos_ids", "pad_id"),
+)
+def sample(
+  params,
+  tokens_bp,
+  mask_bp,
+  rng,
+  *,
+  cfg: ModelConfig,
+  max_new_tokens: int,
+  temperature: float = 1.0,
+  top_p: float = 1.0,
+  top_k: int = 0,
+  eos_ids: Sequence[int] = (),
+  pad_id: int = 0,
+) -> SampleOutput:
   """Samples max_new_tokens after left-padded prompts; deterministic for a given rng."""
   model = Transformer(cfg)
   variables = {"params": params}
@@ -71,13 +86,17 @@ def sample(params, tokens_bp, mask_bp, rng, *, cfg: ModelConfig, max_new_tokens:
   mask_bp = mask_bp.astype(bool)
   pos_bp = positions_from_mask(mask_bp)
 
-  h_bpd, (k_lbpke, v_lbpke) = model.apply(variables, tokens_bp, pos_bp, mask_bp,
-                                          method=Transformer.hidden)
+  h_bpd, (k_lbpke, v_lbpke) = model.apply(
+    variables, tokens_bp, pos_bp, mask_bp, method=Transformer.hidden
+  )
   logits_bv = model.apply(variables, h_bpd[:, -1:], method=Transformer.logits)[:, 0]
   pad_kv = lambda x: jnp.pad(x.astype(cfg.jnp_dtype), ((0, 0), (0, 0), (0, n), (0, 0), (0, 0)))
-  cache = KVCache(k=pad_kv(k_lbpke), v=pad_kv(v_lbpke),
-                  mask=jnp.concatenate([mask_bp, jnp.ones((b, n), bool)], axis=1),
-                  length=jnp.int32(p))
+  cache = KVCache(
+    k=pad_kv(k_lbpke),
+    v=pad_kv(v_lbpke),
+    mask=jnp.concatenate([mask_bp, jnp.ones((b, n), bool)], axis=1),
+    length=jnp.int32(p),
+  )
   next_pos_b = pos_bp[:, -1] + 1
   eos = jnp.asarray(eos_ids if eos_ids else [-1], jnp.int32)
 
@@ -95,26 +114,49 @@ def sample(params, tokens_bp, mask_bp, rng, *, cfg: ModelConfig, max_new_tokens:
     done_b = done_b | jnp.isin(tok_b, eos)
     # Feed the token: its keys/values go to slot p + i.
     h_b1d, (k_new, v_new) = model.apply(
-        variables, tok_b[:, None], (next_pos_b + i)[:, None], jnp.ones((b, 1), bool), cache,
-        method=Transformer.hidden)
+      variables,
+      tok_b[:, None],
+      (next_pos_b + i)[:, None],
+      jnp.ones((b, 1), bool),
+      cache,
+      method=Transformer.hidden,
+    )
     slot = (0, 0, cache.length, 0, 0)
     cache = cache._replace(
-        k=jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype), slot),
-        v=jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype), slot),
-        length=cache.length + 1)
+      k=jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype), slot),
+      v=jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype), slot),
+      length=cache.length + 1,
+    )
     logits_bv = model.apply(variables, h_b1d, method=Transformer.logits)[:, 0]
     return i + 1, cache, logits_bv, done_b, out_tok, out_logp, out_mask
 
-  init = (jnp.int32(0), cache, logits_bv, jnp.zeros((b,), bool),
-          jnp.full((b, n), pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
-          jnp.zeros((b, n), bool))
+  init = (
+    jnp.int32(0),
+    cache,
+    logits_bv,
+    jnp.zeros((b,), bool),
+    jnp.full((b, n), pad_id, jnp.int32),
+    jnp.zeros((b, n), jnp.float32),
+    jnp.zeros((b, n), bool),
+  )
   _, _, _, _, out_tok, out_logp, out_mask = jax.lax.while_loop(cond, body, init)
   return SampleOutput(out_tok, out_logp, out_mask)
 
 
-def generate(cfg: ModelConfig, params, tokenizer, prompts: list[str], rng, *,
-             max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-             chat: bool = True, pad_to_multiple: int = 64):
+def generate(
+  cfg: ModelConfig,
+  params,
+  tokenizer,
+  prompts: list[str],
+  rng,
+  *,
+  max_new_tokens: int,
+  temperature: float = 1.0,
+  top_p: float = 1.0,
+  top_k: int = 0,
+  chat: bool = True,
+  pad_to_multiple: int = 64,
+):
   """Host convenience: strings in, (completions, SampleOutput) out.
 
   Prompt length is padded up to a multiple of `pad_to_multiple` so that varying batches reuse
@@ -122,9 +164,19 @@ def generate(cfg: ModelConfig, params, tokenizer, prompts: list[str], rng, *,
   """
   texts = [tokenizer.chat_prompt(q) for q in prompts] if chat else list(prompts)
   tokens, mask = tokenizer.encode_prompts(texts, pad_to_multiple=pad_to_multiple)
-  out = sample(params, jnp.asarray(tokens), jnp.asarray(mask), rng, cfg=cfg,
-               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-               top_k=top_k, eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id)
+  out = sample(
+    params,
+    jnp.asarray(tokens),
+    jnp.asarray(mask),
+    rng,
+    cfg=cfg,
+    max_new_tokens=max_new_tokens,
+    temperature=temperature,
+    top_p=top_p,
+    top_k=top_k,
+    eos_ids=tuple(tokenizer.eos_ids),
+    pad_id=tokenizer.pad_id,
+  )
   toks, m = np.asarray(out.tokens), np.asarray(out.mask)
   completions = [tokenizer.decode(toks[i][m[i]].tolist()) for i in range(len(texts))]
   return completions, out

@@ -24,8 +24,13 @@ from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import forward
 
 
-def encode_sft_batch(tokenizer, prompts: Sequence[str], responses: Sequence[str], max_len: int,
-                     pad_to_multiple: int = 1) -> dict[str, np.ndarray]:
+def encode_sft_batch(
+  tokenizer,
+  prompts: Sequence[str],
+  responses: Sequence[str],
+  max_len: int,
+  pad_to_multiple: int = 1,
+) -> dict[str, np.ndarray]:
   """Tokens/mask/loss_mask for (rendered chat prompt, response text) pairs.
 
   Prompt and response are encoded separately, as at sampling time (the prompt is encoded,
@@ -35,19 +40,23 @@ def encode_sft_batch(tokenizer, prompts: Sequence[str], responses: Sequence[str]
   it would train on a response with no end.
   """
   if len(prompts) != len(responses) or not prompts:
-    raise ValueError(f"need the same non-zero number of prompts and responses, got "
-                     f"{len(prompts)} and {len(responses)}")
+    raise ValueError(
+      f"need the same non-zero number of prompts and responses, got "
+      f"{len(prompts)} and {len(responses)}"
+    )
   if max_len < 2 or pad_to_multiple < 1:
-    raise ValueError(f"max_len must be >= 2 and pad_to_multiple >= 1, got {max_len}, "
-                     f"{pad_to_multiple}")
+    raise ValueError(
+      f"max_len must be >= 2 and pad_to_multiple >= 1, got {max_len}, {pad_to_multiple}"
+    )
   rows = []
   for i, (p, r) in enumerate(zip(prompts, responses)):
     p_ids, r_ids = tokenizer.encode(p), tokenizer.encode(r) + [tokenizer.eos_id]
     if not p_ids:
       raise ValueError(f"row {i}: prompt encodes to no tokens")
     if len(p_ids) + len(r_ids) > max_len:
-      raise ValueError(f"row {i}: {len(p_ids)} prompt + {len(r_ids)} response tokens exceed "
-                       f"max_len={max_len}")
+      raise ValueError(
+        f"row {i}: {len(p_ids)} prompt + {len(r_ids)} response tokens exceed max_len={max_len}"
+      )
     rows.append((p_ids, r_ids))
   longest = max(len(p) + len(r) for p, r in rows)
   width = min(max_len, -(-longest // pad_to_multiple) * pad_to_multiple)
@@ -60,7 +69,7 @@ def encode_sft_batch(tokenizer, prompts: Sequence[str], responses: Sequence[str]
     tokens[i, :n] = p_ids + r_ids
     mask[i, :n] = True
     # Position j predicts token j+1: response tokens sit at n_p..n-1, predicted from n_p-1..n-2.
-    loss_mask[i, n_p - 1:n - 1] = 1.0
+    loss_mask[i, n_p - 1 : n - 1] = 1.0
   return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask}
 
 
@@ -74,13 +83,16 @@ def sft_loss_fn(model_cfg: ModelConfig, params, batch):
   loss_mask_bt = batch["loss_mask"]
   loss = losses.masked_mean(-logp_bt, loss_mask_bt)
   hit_bt = (jnp.argmax(logits_btv, axis=-1) == targets_bt).astype(jnp.float32)
-  metrics = {"token_accuracy": jax.lax.stop_gradient(losses.masked_mean(hit_bt, loss_mask_bt)),
-             "response_tokens": jnp.sum(loss_mask_bt)}
+  metrics = {
+    "token_accuracy": jax.lax.stop_gradient(losses.masked_mean(hit_bt, loss_mask_bt)),
+    "response_tokens": jnp.sum(loss_mask_bt),
+  }
   return loss, metrics
 
 
-def make_sft_step(model_cfg: ModelConfig, optimizer, mesh: Mesh, state: steps.State,
-                  batch_like: dict):
+def make_sft_step(
+  model_cfg: ModelConfig, optimizer, mesh: Mesh, state: steps.State, batch_like: dict
+):
   """Returns jitted `sft_step(state, batch) -> (state, metrics)` for batches like `batch_like`.
 
   State shardings follow the parameter rules, batch rows are split over (data, fsdp), the
@@ -92,10 +104,15 @@ def make_sft_step(model_cfg: ModelConfig, optimizer, mesh: Mesh, state: steps.St
 
   def sft_step(state, batch):
     (loss, metrics), grads = jax.value_and_grad(
-        lambda p: sft_loss_fn(model_cfg, p, batch), has_aux=True)(state["params"])
+      lambda p: sft_loss_fn(model_cfg, p, batch), has_aux=True
+    )(state["params"])
     return steps.apply_update(state, optimizer, loss, grads, metrics)
 
   state_sh = sharding.tree_shardings(state, mesh)
   batch_sh = {k: sharding.batch_sharding(mesh, np.ndim(v)) for k, v in batch_like.items()}
-  return jax.jit(sft_step, in_shardings=(state_sh, batch_sh),
-                 out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=(0,))
+  return jax.jit(
+    sft_step,
+    in_shardings=(state_sh, batch_sh),
+    out_shardings=(state_sh, sharding.replicated(mesh)),
+    donate_argnums=(0,),
+  )

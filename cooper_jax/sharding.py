@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the batch is split over both; fsdp also splits parameters
@@ -17,20 +18,21 @@ BATCH_AXES = ("data", "fsdp")  # the batch is split over both; fsdp also splits 
 # tensors have a leading layer axis that is never split. Shapes: embed [v, d]; q/k/v [l, d, h, e];
 # o [l, h, e, d]; gate/up [l, d, f]; down [l, f, d]; lm_head [d, v]; score [d, 1].
 PARAM_RULES: tuple[tuple[str, P], ...] = (
-    (r"embed/embedding$", P("tensor", "fsdp")),
-    (r"attn/(q|k|v)/kernel$", P(None, "fsdp", "tensor", None)),
-    (r"attn/(q|k|v)/bias$", P(None, "tensor", None)),
-    (r"attn/o/kernel$", P(None, "tensor", None, "fsdp")),
-    (r"mlp/(gate|up)/kernel$", P(None, "fsdp", "tensor")),
-    (r"mlp/down/kernel$", P(None, "tensor", "fsdp")),
-    (r"lm_head/kernel$", P("fsdp", "tensor")),
-    (r"score/kernel$", P("fsdp", None)),
-    (r".*", P()),  # norms, scalars (optimizer counts, step)
+  (r"embed/embedding$", P("tensor", "fsdp")),
+  (r"attn/(q|k|v)/kernel$", P(None, "fsdp", "tensor", None)),
+  (r"attn/(q|k|v)/bias$", P(None, "tensor", None)),
+  (r"attn/o/kernel$", P(None, "tensor", None, "fsdp")),
+  (r"mlp/(gate|up)/kernel$", P(None, "fsdp", "tensor")),
+  (r"mlp/down/kernel$", P(None, "tensor", "fsdp")),
+  (r"lm_head/kernel$", P("fsdp", "tensor")),
+  (r"score/kernel$", P("fsdp", None)),
+  (r".*", P()),  # norms, scalars (optimizer counts, step)
 )
 
 
-def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+  data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
   """A (data, fsdp, tensor) mesh; one size may be -1 to take the remaining devices."""
   devices = list(devices if devices is not None else jax.devices())
   sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
@@ -71,11 +73,13 @@ def _fit(spec: P, shape: tuple[int, ...], mesh: Mesh, path: str) -> P:
     return P()
   out = []
   for dim, axis in zip(shape, spec):
-    size = 1 if axis is None else int(np.prod([mesh.shape[a] for a in
-                                               ((axis,) if isinstance(axis, str) else axis)]))
+    size = (
+      1
+      if axis is None
+      else int(np.prod([mesh.shape[a] for a in ((axis,) if isinstance(axis, str) else axis)]))
+    )
     if size > 1 and dim % size:
-      logging.debug("sharding: %s dim %d not divisible by %s=%d, replicated", path, dim, axis,
-                    size)
+      logging.debug("sharding: %s dim %d not divisible by %s=%d, replicated", path, dim, axis, size)
       axis = None
     out.append(axis)
   return P(*out)
@@ -97,8 +101,11 @@ def tree_specs(tree, mesh: Mesh, rules=PARAM_RULES):
 
 
 def tree_shardings(tree, mesh: Mesh, rules=PARAM_RULES):
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), tree_specs(tree, mesh, rules),
-                      is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(
+    lambda s: NamedSharding(mesh, s),
+    tree_specs(tree, mesh, rules),
+    is_leaf=lambda x: isinstance(x, P),
+  )
 
 
 def shard_tree(tree, mesh: Mesh, rules=PARAM_RULES):

@@ -15,7 +15,8 @@ RM BCE batch: tokens/mask [n, l], labels [n] (1 correct, 0 wrong), weight [n].
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +31,12 @@ State = dict[str, Any]
 
 
 def init_state(params, optimizer: optax.GradientTransformation) -> State:
-  return {"params": params, "opt_state": optimizer.init(params),
-          "step": jnp.zeros((), jnp.int32), "n_skipped": jnp.zeros((), jnp.int32)}
+  return {
+    "params": params,
+    "opt_state": optimizer.init(params),
+    "step": jnp.zeros((), jnp.int32),
+    "n_skipped": jnp.zeros((), jnp.int32),
+  }
 
 
 def _all_finite(tree) -> jax.Array:
@@ -45,17 +50,25 @@ def apply_update(state: State, optimizer, loss, grads, metrics) -> tuple[State, 
   updates, opt_state = optimizer.update(safe_grads, state["opt_state"], state["params"])
   params = optax.apply_updates(state["params"], updates)
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-  new_state = {"params": keep(params, state["params"]),
-               "opt_state": keep(opt_state, state["opt_state"]),
-               "step": state["step"] + ok.astype(jnp.int32),
-               "n_skipped": state["n_skipped"] + (~ok).astype(jnp.int32)}
-  metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(safe_grads),
-                 skipped=(~ok).astype(jnp.float32), n_skipped=new_state["n_skipped"])
+  new_state = {
+    "params": keep(params, state["params"]),
+    "opt_state": keep(opt_state, state["opt_state"]),
+    "step": state["step"] + ok.astype(jnp.int32),
+    "n_skipped": state["n_skipped"] + (~ok).astype(jnp.int32),
+  }
+  metrics = dict(
+    metrics,
+    loss=loss,
+    grad_norm=optax.tree.norm(safe_grads),
+    skipped=(~ok).astype(jnp.float32),
+    n_skipped=new_state["n_skipped"],
+  )
   return new_state, metrics
 
 
-def response_logprobs(model_cfg: ModelConfig, params, prompt_tokens, prompt_mask,
-                      response_tokens, response_mask):
+def response_logprobs(
+  model_cfg: ModelConfig, params, prompt_tokens, prompt_mask, response_tokens, response_mask
+):
   """log p(response token | everything before it): [b, n], float32.
 
   The LM head runs only on the n positions that predict response tokens, not on the prompt:
@@ -65,17 +78,25 @@ def response_logprobs(model_cfg: ModelConfig, params, prompt_tokens, prompt_mask
   model = Transformer(model_cfg)
   tokens = jnp.concatenate([prompt_tokens, response_tokens], axis=1)
   mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(bool)
-  h_btd, _ = model.apply({"params": params}, tokens, positions_from_mask(mask), mask,
-                         method=Transformer.hidden)
+  h_btd, _ = model.apply(
+    {"params": params}, tokens, positions_from_mask(mask), mask, method=Transformer.hidden
+  )
   p, n = prompt_tokens.shape[1], response_tokens.shape[1]
-  logits_bnv = model.apply({"params": params}, h_btd[:, p - 1:p + n - 1],
-                           method=Transformer.logits)
+  logits_bnv = model.apply(
+    {"params": params}, h_btd[:, p - 1 : p + n - 1], method=Transformer.logits
+  )
   return losses.token_logprobs(logits_bnv, response_tokens)
 
 
 def _logprobs(model_cfg, params, batch):
-  return response_logprobs(model_cfg, params, batch["prompt_tokens"], batch["prompt_mask"],
-                           batch["response_tokens"], batch["response_mask"])
+  return response_logprobs(
+    model_cfg,
+    params,
+    batch["prompt_tokens"],
+    batch["prompt_mask"],
+    batch["response_tokens"],
+    batch["response_mask"],
+  )
 
 
 def policy_loss_fn(model_cfg: ModelConfig, lc, params, batch):
@@ -84,11 +105,21 @@ def policy_loss_fn(model_cfg: ModelConfig, lc, params, batch):
   old = jax.lax.stop_gradient(logp) if old is None else old
   resp_mask = batch["response_mask"].astype(jnp.float32)
   loss, metrics = losses.policy_loss(
-      logp, old, batch["advantages"], resp_mask, batch.get("ref_logp"),
-      kl_coef=lc.kl_coef, kl_kind=lc.kl_kind, clip_eps=lc.clip_eps,
-      clip_eps_high=lc.get("clip_eps_high"), dual_clip_c=lc.dual_clip_c, agg=lc.agg)
-  metrics = dict(metrics, neg_logp_mean=-losses.masked_mean(logp, resp_mask),
-                 response_tokens=jnp.sum(resp_mask))
+    logp,
+    old,
+    batch["advantages"],
+    resp_mask,
+    batch.get("ref_logp"),
+    kl_coef=lc.kl_coef,
+    kl_kind=lc.kl_kind,
+    clip_eps=lc.clip_eps,
+    clip_eps_high=lc.get("clip_eps_high"),
+    dual_clip_c=lc.dual_clip_c,
+    agg=lc.agg,
+  )
+  metrics = dict(
+    metrics, neg_logp_mean=-losses.masked_mean(logp, resp_mask), response_tokens=jnp.sum(resp_mask)
+  )
   return loss, metrics
 
 
@@ -118,12 +149,17 @@ def _jit_step(fn: Callable, mesh: Mesh, state: State, batch_like: dict):
   """jit with explicit shardings: state by the parameter rules, batch over (data, fsdp)."""
   state_sh = sharding.tree_shardings(state, mesh)
   batch_sh = _batch_shardings(mesh, batch_like)
-  return jax.jit(fn, in_shardings=(state_sh, batch_sh),
-                 out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=(0,))
+  return jax.jit(
+    fn,
+    in_shardings=(state_sh, batch_sh),
+    out_shardings=(state_sh, sharding.replicated(mesh)),
+    donate_argnums=(0,),
+  )
 
 
-def make_policy_step(model_cfg: ModelConfig, loss_cfg, optimizer, mesh: Mesh, state: State,
-                     batch_like: dict):
+def make_policy_step(
+  model_cfg: ModelConfig, loss_cfg, optimizer, mesh: Mesh, state: State, batch_like: dict
+):
   """Returns jitted `policy_step(state, batch) -> (state, metrics)` for batches shaped like
   `batch_like` (the set of keys fixes whether old_logp/ref_logp are used)."""
   if (loss_cfg.kl_coef > 0) != ("ref_logp" in batch_like):
@@ -131,19 +167,22 @@ def make_policy_step(model_cfg: ModelConfig, loss_cfg, optimizer, mesh: Mesh, st
 
   def policy_step(state, batch):
     (loss, metrics), grads = jax.value_and_grad(
-        lambda p: policy_loss_fn(model_cfg, loss_cfg, p, batch), has_aux=True)(state["params"])
+      lambda p: policy_loss_fn(model_cfg, loss_cfg, p, batch), has_aux=True
+    )(state["params"])
     return apply_update(state, optimizer, loss, grads, metrics)
 
   return _jit_step(policy_step, mesh, state, batch_like)
 
 
-def make_rm_step(model_cfg: ModelConfig, loss_type: str, optimizer, mesh: Mesh, state: State,
-                 batch_like: dict):
+def make_rm_step(
+  model_cfg: ModelConfig, loss_type: str, optimizer, mesh: Mesh, state: State, batch_like: dict
+):
   """Returns jitted `rm_step(state, batch) -> (state, metrics)` (loss_type 'bt' or 'bce')."""
 
   def rm_step(state, batch):
     (loss, metrics), grads = jax.value_and_grad(
-        lambda p: rm_loss_fn(model_cfg, loss_type, p, batch), has_aux=True)(state["params"])
+      lambda p: rm_loss_fn(model_cfg, loss_type, p, batch), has_aux=True
+    )(state["params"])
     return apply_update(state, optimizer, loss, grads, metrics)
 
   return _jit_step(rm_step, mesh, state, batch_like)
@@ -153,15 +192,24 @@ def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, params):
   """Jitted forward-only `(params, batch) -> logp [b, n]` of the response tokens (old or
   reference log-probs); `batch` carries the four prompt/response arrays."""
   keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
-  return jax.jit(lambda p, b: _logprobs(model_cfg, p, b),
-                 in_shardings=(sharding.tree_shardings(params, mesh),
-                               {k: sharding.batch_sharding(mesh) for k in keys}),
-                 out_shardings=sharding.batch_sharding(mesh))
+  return jax.jit(
+    lambda p, b: _logprobs(model_cfg, p, b),
+    in_shardings=(
+      sharding.tree_shardings(params, mesh),
+      {k: sharding.batch_sharding(mesh) for k in keys},
+    ),
+    out_shardings=sharding.batch_sharding(mesh),
+  )
 
 
 def make_reward_fn(model_cfg: ModelConfig, mesh: Mesh, params):
   """Jitted `(params, tokens, mask) -> sigmoid(score) [n]`, the RM reward in (0, 1)."""
-  return jax.jit(lambda p, t, m: jax.nn.sigmoid(rm_scores(model_cfg, p, t, m)),
-                 in_shardings=(sharding.tree_shardings(params, mesh),
-                               sharding.batch_sharding(mesh), sharding.batch_sharding(mesh)),
-                 out_shardings=sharding.batch_sharding(mesh, 1))
+  return jax.jit(
+    lambda p, t, m: jax.nn.sigmoid(rm_scores(model_cfg, p, t, m)),
+    in_shardings=(
+      sharding.tree_shardings(params, mesh),
+      sharding.batch_sharding(mesh),
+      sharding.batch_sharding(mesh),
+    ),
+    out_shardings=sharding.batch_sharding(mesh, 1),
+  )

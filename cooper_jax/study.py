@@ -9,7 +9,7 @@ and a sign-flip permutation test (two-sided) of it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -33,8 +33,12 @@ def paired_test(a: np.ndarray, b: np.ndarray, n: int = 10000, seed: int = 0) -> 
   # +1 in both counts: the observed labelling is one of the permutations (never p = 0).
   p = (np.sum(null >= observed - 1e-12) + 1) / (n + 1)
   lo, hi = bootstrap_mean_ci(d, seed=seed)
-  return {"mean_diff": float(d.mean()), "ci95": [lo, hi], "p_value": float(p),
-          "n_problems": int(d.shape[0])}
+  return {
+    "mean_diff": float(d.mean()),
+    "ci95": [lo, hi],
+    "p_value": float(p),
+    "n_problems": int(d.shape[0]),
+  }
 
 
 def condition_summary(per_seed_problem_acc: Sequence[np.ndarray]) -> dict:
@@ -43,26 +47,42 @@ def condition_summary(per_seed_problem_acc: Sequence[np.ndarray]) -> dict:
   per_problem = m.mean(axis=0)
   seed_means = m.mean(axis=1)
   lo, hi = bootstrap_mean_ci(per_problem)
-  return {"accuracy": float(per_problem.mean()), "ci95": [lo, hi],
-          "seed_accuracies": seed_means.tolist(),
-          "seed_sd": float(seed_means.std(ddof=1)) if len(seed_means) > 1 else 0.0,
-          "per_problem": per_problem.tolist()}
+  return {
+    "accuracy": float(per_problem.mean()),
+    "ci95": [lo, hi],
+    "seed_accuracies": seed_means.tolist(),
+    "seed_sd": float(seed_means.std(ddof=1)) if len(seed_means) > 1 else 0.0,
+    "per_problem": per_problem.tolist(),
+  }
 
 
-def format_study_table(summaries: dict[str, dict], tests: dict[str, dict], n_problems: int,
-                       n_seeds: int, samples: int) -> str:
-  lines = [f"| condition | held-out acc % (95% CI over {n_problems} problems) | seed sd "
-           f"(n={n_seeds}) | per-seed % |", "|---|---|---|---|"]
+def format_study_table(
+  summaries: dict[str, dict], tests: dict[str, dict], n_problems: int, n_seeds: int, samples: int
+) -> str:
+  lines = [
+    f"| condition | held-out acc % (95% CI over {n_problems} problems) | seed sd "
+    f"(n={n_seeds}) | per-seed % |",
+    "|---|---|---|---|",
+  ]
   for name, s in summaries.items():
     seeds = ", ".join(f"{100 * a:.1f}" for a in s["seed_accuracies"])
-    lines.append(f"| {name} | {100 * s['accuracy']:.1f} ({100 * s['ci95'][0]:.1f}-"
-                 f"{100 * s['ci95'][1]:.1f}) | {100 * s['seed_sd']:.1f} | {seeds} |")
-  lines += ["", f"Paired by problem (mean over {n_seeds} seeds x {samples} samples), "
-            "bootstrap 95% CI of the difference and a two-sided sign-flip permutation test:", "",
-            "| comparison | diff (points) | 95% CI | p |", "|---|---|---|---|"]
+    lines.append(
+      f"| {name} | {100 * s['accuracy']:.1f} ({100 * s['ci95'][0]:.1f}-"
+      f"{100 * s['ci95'][1]:.1f}) | {100 * s['seed_sd']:.1f} | {seeds} |"
+    )
+  lines += [
+    "",
+    f"Paired by problem (mean over {n_seeds} seeds x {samples} samples), "
+    "bootstrap 95% CI of the difference and a two-sided sign-flip permutation test:",
+    "",
+    "| comparison | diff (points) | 95% CI | p |",
+    "|---|---|---|---|",
+  ]
   for name, t in tests.items():
-    lines.append(f"| {name} | {100 * t['mean_diff']:+.1f} | {100 * t['ci95'][0]:+.1f} to "
-                 f"{100 * t['ci95'][1]:+.1f} | {t['p_value']:.3g} |")
+    lines.append(
+      f"| {name} | {100 * t['mean_diff']:+.1f} | {100 * t['ci95'][0]:+.1f} to "
+      f"{100 * t['ci95'][1]:+.1f} | {t['p_value']:.3g} |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -85,12 +105,16 @@ def curves(runs: dict[str, list[list[dict]]], key: str):
 def plot_dynamics(runs: dict[str, list[list[dict]]], path, title: str) -> None:
   """Two panels as the paper's training-dynamics figure: training reward, held-out accuracy."""
   import matplotlib  # pylint: disable=import-outside-toplevel
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
   fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-  panels = [("reward/mean", "training reward (what the policy optimises)"),
-            ("rule/acc", "rule-verified accuracy of training rollouts"),
-            ("eval/acc", "held-out accuracy (greedy)")]
+  panels = [
+    ("reward/mean", "training reward (what the policy optimises)"),
+    ("rule/acc", "rule-verified accuracy of training rollouts"),
+    ("eval/acc", "held-out accuracy (greedy)"),
+  ]
   for ax, (key, label) in zip(axes, panels):
     for cond, (x, mean, lo, hi) in curves(runs, key).items():
       ax.plot(x, mean, label=cond, color=COLORS.get(cond))
@@ -107,8 +131,10 @@ def plot_dynamics(runs: dict[str, list[list[dict]]], path, title: str) -> None:
 
 def plot_rm_stability(runs: dict[str, list[list[dict]]], path, title: str) -> None:
   import matplotlib  # pylint: disable=import-outside-toplevel
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
   fig, ax = plt.subplots(figsize=(6, 4))
   for cond, (x, mean, lo, hi) in curves(runs, "eval/rm_pair_acc").items():
     ax.plot(x, mean, label=cond, color=COLORS.get(cond))

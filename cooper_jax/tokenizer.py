@@ -53,8 +53,9 @@ class Tokenizer:
     return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
   def decode(self, ids, skip_special_tokens: bool = True) -> str:
-    return self.hf.decode([int(i) for i in np.asarray(ids).reshape(-1)],
-                          skip_special_tokens=skip_special_tokens)
+    return self.hf.decode(
+      [int(i) for i in np.asarray(ids).reshape(-1)], skip_special_tokens=skip_special_tokens
+    )
 
   def batch_decode(self, rows, skip_special_tokens: bool = True) -> list[str]:
     return [self.decode(r, skip_special_tokens=skip_special_tokens) for r in rows]
@@ -63,12 +64,13 @@ class Tokenizer:
     """The model's chat template rendered up to the start of the assistant turn."""
     if not self.hf.chat_template:
       raise ValueError("tokenizer has no chat template")
-    messages = ([{"role": "system", "content": system}] if system is not None else [])
+    messages = [{"role": "system", "content": system}] if system is not None else []
     messages.append({"role": "user", "content": user_text})
     return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-  def encode_prompts(self, texts: Sequence[str], max_len: int | None = None,
-                     pad_to_multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+  def encode_prompts(
+    self, texts: Sequence[str], max_len: int | None = None, pad_to_multiple: int = 1
+  ) -> tuple[np.ndarray, np.ndarray]:
     """Left-padded (tokens int32 [B, P], mask bool [B, P]); mask is False on pads.
 
     Left padding puts every prompt's last token in column P-1, so generation appends at
@@ -94,8 +96,8 @@ class Tokenizer:
     tokens = np.full((len(rows), width), self.pad_id, dtype=np.int32)
     mask = np.zeros((len(rows), width), dtype=np.bool_)
     for i, r in enumerate(rows):
-      tokens[i, width - len(r):] = r
-      mask[i, width - len(r):] = True
+      tokens[i, width - len(r) :] = r
+      mask[i, width - len(r) :] = True
     return tokens, mask
 
 
@@ -103,22 +105,29 @@ def _gguf_fields(path: str) -> dict:
   import gguf  # pylint: disable=import-outside-toplevel
 
   reader = gguf.GGUFReader(path)
-  return {k: f.contents() for k, f in reader.fields.items()
-          if k.startswith("tokenizer.") or k == "general.architecture"}
+  return {
+    k: f.contents()
+    for k, f in reader.fields.items()
+    if k.startswith("tokenizer.") or k == "general.architecture"
+  }
 
 
 def _byte_level_pre_tokenizer(pre: str):
   if pre in _DIGIT_SPLIT_PRES:
-    return pre_tokenizers.Sequence([
+    return pre_tokenizers.Sequence(
+      [
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+      ]
+    )
   if pre in _PLAIN_GPT2_PRES:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
   # Each llama.cpp pre-tokenizer is its own regex; guessing one would give plausible but
   # wrong ids that no error would ever surface.
-  raise NotImplementedError(f"GGUF tokenizer.ggml.pre={pre!r} is not supported "
-                            f"(supported: {sorted(_DIGIT_SPLIT_PRES | _PLAIN_GPT2_PRES)})")
+  raise NotImplementedError(
+    f"GGUF tokenizer.ggml.pre={pre!r} is not supported "
+    f"(supported: {sorted(_DIGIT_SPLIT_PRES | _PLAIN_GPT2_PRES)})"
+  )
 
 
 def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
@@ -127,8 +136,9 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
   meta = _gguf_fields(path)
   kind = meta.get("tokenizer.ggml.model")
   if kind != "gpt2":
-    raise NotImplementedError(f"{path}: GGUF tokenizer model {kind!r} is not supported "
-                              "(only byte-level BPE, 'gpt2')")
+    raise NotImplementedError(
+      f"{path}: GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')"
+    )
   if meta.get("tokenizer.ggml.add_bos_token") or meta.get("tokenizer.ggml.add_eos_token"):
     # Encoding never adds special tokens here; a model that expects them would be fed
     # prompts it was not trained on, so refuse rather than silently differ.
@@ -147,21 +157,31 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
   # Registering control/user tokens makes them match whole in text (`<|im_start|>` is one
   # id, not 6 pieces); they are already in the vocab, so their ids do not change.
   types = list(meta.get("tokenizer.ggml.token_type", []))
-  raw.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                          for t, k in zip(tokens, types) if k == _CONTROL])
-  raw.add_tokens([AddedToken(t, special=False, normalized=False)
-                  for t, k in zip(tokens, types) if k == _USER_DEFINED])
+  raw.add_special_tokens(
+    [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == _CONTROL]
+  )
+  raw.add_tokens(
+    [
+      AddedToken(t, special=False, normalized=False)
+      for t, k in zip(tokens, types)
+      if k == _USER_DEFINED
+    ]
+  )
 
   def token(key: str) -> str | None:
     i = meta.get(f"tokenizer.ggml.{key}_token_id")
     return None if i is None else tokens[int(i)]
 
   hf = PreTrainedTokenizerFast(
-      tokenizer_object=raw, bos_token=token("bos"), eos_token=token("eos"),
-      unk_token=token("unknown"), pad_token=token("padding"),
-      chat_template=meta.get("tokenizer.chat_template"),
-      # Cleanup would turn " ," into "," and break decode(encode(x)) == x.
-      clean_up_tokenization_spaces=False)
+    tokenizer_object=raw,
+    bos_token=token("bos"),
+    eos_token=token("eos"),
+    unk_token=token("unknown"),
+    pad_token=token("padding"),
+    chat_template=meta.get("tokenizer.chat_template"),
+    # Cleanup would turn " ," into "," and break decode(encode(x)) == x.
+    clean_up_tokenization_spaces=False,
+  )
   return Tokenizer(hf)
 
 
@@ -182,8 +202,9 @@ def tokenizer_from_dir(path: str | os.PathLike) -> Tokenizer:
   # PreTrainedTokenizerFast, not AutoTokenizer: it loads tokenizer.json as written. With
   # transformers 5, AutoTokenizer on SmolLM2's tokenizer_class "GPT2Tokenizer" rebuilds
   # a plain ByteLevel pre-tokenizer and silently loses the digit split.
-  hf = PreTrainedTokenizerFast.from_pretrained(os.fspath(path), local_files_only=True,
-                                               clean_up_tokenization_spaces=False)
+  hf = PreTrainedTokenizerFast.from_pretrained(
+    os.fspath(path), local_files_only=True, clean_up_tokenization_spaces=False
+  )
   return Tokenizer(hf, _generation_eos_ids(path))
 
 
@@ -204,14 +225,23 @@ def load_tokenizer(source: str | os.PathLike) -> Tokenizer:
     raise ValueError(f"{path}: not a checkpoint directory or a .gguf file")
   try:  # a hub repo id, for users with hub access; snapshot_download fails fast offline
     from huggingface_hub import snapshot_download  # pylint: disable=import-outside-toplevel
-    local = snapshot_download(path, allow_patterns=[
-        "tokenizer*", "special_tokens_map.json", "added_tokens.json", "chat_template*",
-        "generation_config.json"])
+
+    local = snapshot_download(
+      path,
+      allow_patterns=[
+        "tokenizer*",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "chat_template*",
+        "generation_config.json",
+      ],
+    )
   except Exception as e:  # noqa: BLE001 - re-raised with the source named
     raise FileNotFoundError(
-        f"tokenizer source {source!r} could not be found locally (not a directory, a .gguf "
-        f"file, or 'smollm2-135m-instruct'), and fetching it from the Hugging Face hub "
-        f"failed: {e}") from e
+      f"tokenizer source {source!r} could not be found locally (not a directory, a .gguf "
+      f"file, or 'smollm2-135m-instruct'), and fetching it from the Hugging Face hub "
+      f"failed: {e}"
+    ) from e
   return tokenizer_from_dir(local)
 
 

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -42,8 +41,9 @@ from cooper_jax.sampling import sample
 from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import load_pretrained
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file[:variant]",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "experiment config file[:variant]", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where metrics and checkpoints go")
 
 _STOP = {"requested": False}
@@ -64,15 +64,18 @@ def load_model(mc, head: str, seed: int) -> tuple[ModelConfig, dict, str]:
     return cfg, init_params(cfg, jax.random.key(seed)), mc.tokenizer
   cfg, params = load_pretrained(mc.model, head=head, **overrides)
   if head == "score" and not np.any(np.asarray(params["score"]["kernel"])):
-    logging.warning("RM %s has no trained score head: starting from a fresh (zero) head",
-                    mc.model)
+    logging.warning("RM %s has no trained score head: starting from a fresh (zero) head", mc.model)
   return cfg, params, mc.tokenizer or mc.model
 
 
 def _policy_batch(prompt_tok, prompt_mask, out, advantages_b):
-  return {"prompt_tokens": np.asarray(prompt_tok, np.int32), "prompt_mask": prompt_mask,
-          "response_tokens": np.asarray(out.tokens, np.int32), "response_mask": out.mask,
-          "advantages": np.asarray(advantages_b, np.float32)}
+  return {
+    "prompt_tokens": np.asarray(prompt_tok, np.int32),
+    "prompt_mask": prompt_mask,
+    "response_tokens": np.asarray(out.tokens, np.int32),
+    "response_mask": out.mask,
+    "advantages": np.asarray(advantages_b, np.float32),
+  }
 
 
 def _rm_pair_batch(tokenizer, pairs, max_len: int, pad_multiple: int):
@@ -80,10 +83,21 @@ def _rm_pair_batch(tokenizer, pairs, max_len: int, pad_multiple: int):
   n = len(pairs.questions)
   pos = [p if v else "" for p, v in zip(pairs.positives, pairs.valid)]
   neg = [q if v else "" for q, v in zip(pairs.negatives, pairs.valid)]
-  tok, mask, n_trunc = encode_rm_inputs(tokenizer, pairs.questions * 2, pairs.references * 2,
-                                        pos + neg, max_len, pad_to_multiple=pad_multiple)
-  return {"pos_tokens": tok[:n], "pos_mask": mask[:n], "neg_tokens": tok[n:],
-          "neg_mask": mask[n:], "valid": np.asarray(pairs.valid, np.float32)}, n_trunc
+  tok, mask, n_trunc = encode_rm_inputs(
+    tokenizer,
+    pairs.questions * 2,
+    pairs.references * 2,
+    pos + neg,
+    max_len,
+    pad_to_multiple=pad_multiple,
+  )
+  return {
+    "pos_tokens": tok[:n],
+    "pos_mask": mask[:n],
+    "neg_tokens": tok[n:],
+    "neg_mask": mask[n:],
+    "valid": np.asarray(pairs.valid, np.float32),
+  }, n_trunc
 
 
 class Run:
@@ -102,11 +116,15 @@ class Run:
     self.tokenizer = load_tokenizer(tok_src)
     self.tok_src = tok_src
     self.policy_opt = optim.make_optimizer(c.policy.optim)
-    self.policy_state = sharding.shard_tree(steps.init_state(policy_params, self.policy_opt),
-                                            self.mesh)
+    self.policy_state = sharding.shard_tree(
+      steps.init_state(policy_params, self.policy_opt), self.mesh
+    )
     # The frozen reference gets its own buffers (via host), since policy_step donates the state.
-    self.ref_params = (sharding.shard_tree(jax.device_get(policy_params), self.mesh)
-                       if c.policy.loss.kl_coef > 0 else None)
+    self.ref_params = (
+      sharding.shard_tree(jax.device_get(policy_params), self.mesh)
+      if c.policy.loss.kl_coef > 0
+      else None
+    )
     self.logprob_fn = steps.make_logprob_fn(self.policy_cfg, self.mesh, policy_params)
 
     self.rm_state = None
@@ -118,18 +136,21 @@ class Run:
       self.reward_fn = steps.make_reward_fn(self.rm_cfg, self.mesh, rm_params)
     self._policy_step = self._rm_step = None
 
-    dk = dict(question_key=c.data.question_key, answer_key=c.data.answer_key,
-              on_bad_row=c.data.on_bad_row)
+    dk = dict(
+      question_key=c.data.question_key, answer_key=c.data.answer_key, on_bad_row=c.data.on_bad_row
+    )
     self.train_rows, report = load_qa(c.data.train, **dk)
-    logging.info("train data %s: %d rows, %d skipped", c.data.train, len(self.train_rows),
-                 report.skipped)
+    logging.info(
+      "train data %s: %d rows, %d skipped", c.data.train, len(self.train_rows), report.skipped
+    )
     self.eval_rows = None
     if c.train.eval_every > 0:
       self.eval_rows, _ = load_qa(c.data.eval, limit=c.data.eval_limit or None, **dk)
     self.rm_eval_pairs = None
     if self.mode != "rule" and c.data.rm_eval_pairs:
-      self.rm_eval_pairs = [json.loads(l) for l in Path(c.data.rm_eval_pairs).read_text()
-                            .splitlines() if l.strip()]
+      self.rm_eval_pairs = [
+        json.loads(l) for l in Path(c.data.rm_eval_pairs).read_text().splitlines() if l.strip()
+      ]
       for i, p in enumerate(self.rm_eval_pairs):
         missing = {"question", "answer", "positive", "negative"} - set(p)
         if missing:
@@ -141,9 +162,13 @@ class Run:
       kw = {}
       if c.pairs.negatives == "llm_rewrite":
         a_cfg, a_params = load_pretrained(c.pairs.assistant_model)
-        kw = dict(cfg=a_cfg, params=a_params, tokenizer=load_tokenizer(c.pairs.assistant_model),
-                  temperature=c.pairs.assistant_temperature,
-                  max_new_tokens=c.pairs.assistant_max_new_tokens)
+        kw = dict(
+          cfg=a_cfg,
+          params=a_params,
+          tokenizer=load_tokenizer(c.pairs.assistant_model),
+          temperature=c.pairs.assistant_temperature,
+          max_new_tokens=c.pairs.assistant_max_new_tokens,
+        )
       self.negatives = make_negative_generator(c.pairs.negatives, **kw)
     self.store = CheckpointStore(self.workdir / "checkpoints", c.train.max_to_keep)
     self.step = 0
@@ -163,20 +188,33 @@ class Run:
     c = self.c
     prompts = build_prompts(self.tokenizer, [r["question"] for r in rows], c.data.prompt_suffix)
     prompts = [p for p in prompts for _ in range(self.group)]
-    tok, mask = self.tokenizer.encode_prompts(prompts, max_len=c.rollout.max_prompt_len,
-                                              pad_to_multiple=c.rollout.prompt_pad_multiple)
+    tok, mask = self.tokenizer.encode_prompts(
+      prompts, max_len=c.rollout.max_prompt_len, pad_to_multiple=c.rollout.prompt_pad_multiple
+    )
     bs = sharding.batch_sharding(self.mesh)
-    out = sample(self.policy_state["params"], jax.device_put(tok, bs), jax.device_put(mask, bs),
-                 rng, cfg=self.policy_cfg, max_new_tokens=c.rollout.max_new_tokens,
-                 temperature=c.rollout.temperature, top_p=c.rollout.top_p, top_k=c.rollout.top_k,
-                 eos_ids=tuple(self.tokenizer.eos_ids), pad_id=self.tokenizer.pad_id)
+    out = sample(
+      self.policy_state["params"],
+      jax.device_put(tok, bs),
+      jax.device_put(mask, bs),
+      rng,
+      cfg=self.policy_cfg,
+      max_new_tokens=c.rollout.max_new_tokens,
+      temperature=c.rollout.temperature,
+      top_p=c.rollout.top_p,
+      top_k=c.rollout.top_k,
+      eos_ids=tuple(self.tokenizer.eos_ids),
+      pad_id=self.tokenizer.pad_id,
+    )
     out = jax.device_get(out)
-    texts = [self.tokenizer.decode(out.tokens[i][out.mask[i]].tolist()) for i in range(len(prompts))]
+    texts = [
+      self.tokenizer.decode(out.tokens[i][out.mask[i]].tolist()) for i in range(len(prompts))
+    ]
     return tok, mask, out, texts
 
   def rm_rewards(self, questions, refs, texts):
-    tok, mask, n_trunc = encode_rm_inputs(self.rm_tokenizer, questions, refs, texts,
-                                          self.c.rm.max_len, pad_to_multiple=64)
+    tok, mask, n_trunc = encode_rm_inputs(
+      self.rm_tokenizer, questions, refs, texts, self.c.rm.max_len, pad_to_multiple=64
+    )
     bs = sharding.batch_sharding(self.mesh)
     r = self.reward_fn(self.rm_state["params"], jax.device_put(tok, bs), jax.device_put(mask, bs))
     return np.asarray(r), n_trunc
@@ -202,17 +240,26 @@ class Run:
       m.update(reward_hacking_monitors(rewards, correct))
       m["rm/inputs_truncated"] = n_trunc
     m["reward/mean"] = float(rewards.mean())
-    adv = np.asarray(losses.grpo_advantages(jnp.asarray(rewards), self.group,
-                                            scale_by_std=c.policy.loss.scale_adv_by_std))
+    adv = np.asarray(
+      losses.grpo_advantages(
+        jnp.asarray(rewards), self.group, scale_by_std=c.policy.loss.scale_adv_by_std
+      )
+    )
     batch = _policy_batch(tok, mask, out, adv)
     bs = sharding.batch_sharding(self.mesh)
     if self.ref_params is not None:
       batch["ref_logp"] = self.logprob_fn(
-          self.ref_params, {k: jax.device_put(v, bs) for k, v in batch.items()
-                            if k.startswith(("prompt_", "response_"))})
+        self.ref_params,
+        {
+          k: jax.device_put(v, bs)
+          for k, v in batch.items()
+          if k.startswith(("prompt_", "response_"))
+        },
+      )
     if self._policy_step is None:
-      self._policy_step = steps.make_policy_step(self.policy_cfg, c.policy.loss, self.policy_opt,
-                                                 self.mesh, self.policy_state, batch)
+      self._policy_step = steps.make_policy_step(
+        self.policy_cfg, c.policy.loss, self.policy_opt, self.mesh, self.policy_state, batch
+      )
     self.policy_state, pm = self._policy_step(self.policy_state, batch)
     m.update({f"policy/{k}": v for k, v in jax.device_get(pm).items()})
     resp_len = out.mask.sum(1)
@@ -222,10 +269,19 @@ class Run:
 
     if self.mode == "cooper":
       pairs, stats = build_pairs(
-          [r["question"] for r in rows], [r["answer"] for r in rows], texts, correct, self.group,
-          self.negatives, self.verifier, strategy=c.pairs.positive,
-          rng=np.random.default_rng([c.seed, step]), max_tries=c.pairs.max_tries,
-          deadline_s=c.verifier.deadline_s, accept_no_answer=c.pairs.accept_no_answer)
+        [r["question"] for r in rows],
+        [r["answer"] for r in rows],
+        texts,
+        correct,
+        self.group,
+        self.negatives,
+        self.verifier,
+        strategy=c.pairs.positive,
+        rng=np.random.default_rng([c.seed, step]),
+        max_tries=c.pairs.max_tries,
+        deadline_s=c.verifier.deadline_s,
+        accept_no_answer=c.pairs.accept_no_answer,
+      )
       m["pairs/valid_rate"] = stats["valid_pair_rate"]
       m["pairs/n_valid"] = stats["n_valid"]
       m["pairs/negative_tries"] = stats["negative_tries"]
@@ -234,15 +290,22 @@ class Run:
         rb, n_trunc = _rm_pair_batch(self.rm_tokenizer, pairs, c.rm.max_len, 64)
         m["rm/pair_inputs_truncated"] = n_trunc
         if self._rm_step is None:
-          self._rm_step = steps.make_rm_step(self.rm_cfg, "bt", self.rm_opt, self.mesh,
-                                             self.rm_state, rb)
+          self._rm_step = steps.make_rm_step(
+            self.rm_cfg, "bt", self.rm_opt, self.mesh, self.rm_state, rb
+          )
         self.rm_state, rmm = self._rm_step(self.rm_state, rb)
         m.update({f"rm_train/{k}": v for k, v in jax.device_get(rmm).items()})
       m["rm_train/updated"] = float(stats["n_valid"] > 0)
     t_end = time.perf_counter()
-    m.update({"time/sample_s": t_sample - t0, "time/verify_s": t_verify - t_sample,
-              "time/policy_s": t_policy - t_verify, "time/rm_s": t_end - t_policy,
-              "time/step_s": t_end - t0})
+    m.update(
+      {
+        "time/sample_s": t_sample - t0,
+        "time/verify_s": t_verify - t_sample,
+        "time/policy_s": t_policy - t_verify,
+        "time/rm_s": t_end - t_policy,
+        "time/step_s": t_end - t0,
+      }
+    )
     self.step += 1
     return m
 
@@ -253,29 +316,43 @@ class Run:
     q = [p["question"] for p in pairs] * 2
     a = [str(p["answer"]) for p in pairs] * 2
     r, _ = self.rm_rewards(q, a, [p["positive"] for p in pairs] + [p["negative"] for p in pairs])
-    pos, neg = r[:len(pairs)], r[len(pairs):]
-    return {"eval/rm_pair_acc": float(np.mean(pos > neg)),
-            "eval/rm_cls_acc": float(np.mean(np.concatenate([pos > 0.5, neg <= 0.5])))}
+    pos, neg = r[: len(pairs)], r[len(pairs) :]
+    return {
+      "eval/rm_pair_acc": float(np.mean(pos > neg)),
+      "eval/rm_cls_acc": float(np.mean(np.concatenate([pos > 0.5, neg <= 0.5]))),
+    }
 
   def evaluate(self) -> dict:
     c = self.c
     m = self.evaluate_rm() if self.rm_eval_pairs else {}
     if self.eval_rows is None:
       return m
-    res = evaluate_model(self.policy_cfg, self.policy_state["params"], self.tokenizer,
-                         {c.data.eval: self.eval_rows}, samples=c.train.eval_samples,
-                         temperature=c.train.eval_temperature, top_p=1.0,
-                         max_new_tokens=c.train.eval_max_new_tokens,
-                         batch_size=min(64, len(self.eval_rows) * c.train.eval_samples),
-                         seed=c.seed, verifier=self.verifier, suffix=c.data.prompt_suffix)
+    res = evaluate_model(
+      self.policy_cfg,
+      self.policy_state["params"],
+      self.tokenizer,
+      {c.data.eval: self.eval_rows},
+      samples=c.train.eval_samples,
+      temperature=c.train.eval_temperature,
+      top_p=1.0,
+      max_new_tokens=c.train.eval_max_new_tokens,
+      batch_size=min(64, len(self.eval_rows) * c.train.eval_samples),
+      seed=c.seed,
+      verifier=self.verifier,
+      suffix=c.data.prompt_suffix,
+    )
     b = res["benchmarks"][c.data.eval]
     m.update({"eval/acc": b["accuracy"], "eval/ci_lo": b["ci95"][0], "eval/ci_hi": b["ci95"][1]})
     return m
 
   def save(self):
-    meta = {"data_iterator": self.iterator.state_dict(), "rng": rng_to_meta(self.rng(self.step)),
-            "config": json.loads(self.c.to_json_best_effort()),
-            "policy_model": model_cfg_to_meta(self.policy_cfg), "tokenizer": self.tok_src}
+    meta = {
+      "data_iterator": self.iterator.state_dict(),
+      "rng": rng_to_meta(self.rng(self.step)),
+      "config": json.loads(self.c.to_json_best_effort()),
+      "policy_model": model_cfg_to_meta(self.policy_cfg),
+      "tokenizer": self.tok_src,
+    }
     if self.rm_state is not None:
       meta["rm_model"] = dataclasses.asdict(self.rm_cfg)
     path = self.store.save(self.step, self.policy_state, self.rm_state, meta)
@@ -302,8 +379,9 @@ def train(c, workdir: str) -> Run:
         m.update(run.evaluate())
       run.writer.write(run.step, m)
       bar.update(1)
-      bar.set_postfix(reward=f"{m['reward/mean']:.3f}", rule=f"{m['rule/acc']:.3f}",
-                      s=f"{m['time/step_s']:.1f}")
+      bar.set_postfix(
+        reward=f"{m['reward/mean']:.3f}", rule=f"{m['rule/acc']:.3f}", s=f"{m['time/step_s']:.1f}"
+      )
       if run.step % c.train.checkpoint_every == 0 or run.step == total or _STOP["requested"]:
         run.save()
       if _STOP["requested"]:
@@ -313,8 +391,10 @@ def train(c, workdir: str) -> Run:
   finally:
     signal.signal(signal.SIGTERM, prev)
     run.close()
-  print(f"metrics: {run.workdir / 'metrics.jsonl'}\ncheckpoints: {run.store.directory}\n"
-        f"tensorboard: {run.workdir / 'tensorboard'}")
+  print(
+    f"metrics: {run.workdir / 'metrics.jsonl'}\ncheckpoints: {run.store.directory}\n"
+    f"tensorboard: {run.workdir / 'tensorboard'}"
+  )
   return run
 
 

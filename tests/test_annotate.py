@@ -29,8 +29,16 @@ annotate, compare = _tool("annotate"), _tool("compare_verifiers")
 
 @pytest.fixture(scope="module")
 def tiny():
-  cfg = ModelConfig(vocab_size=49152, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                    head_dim=16, d_ff=64, tie_embeddings=True)
+  cfg = ModelConfig(
+    vocab_size=49152,
+    d_model=32,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    d_ff=64,
+    tie_embeddings=True,
+  )
   # jit: eager init of a 49K x 32 embedding op by op takes ~30 s on a busy 2-core CPU.
   params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
   return cfg, params, load_tokenizer("smollm2-135m-instruct")
@@ -65,8 +73,9 @@ def test_llm_judge_matches_forward_logits(tiny):
   assert sorted(stats["no_token_ids"]) == sorted(no_ids)
   for i in range(3):
     ids = tok.encode(tok.chat_prompt(judge_prompt(qs[i], refs[i], comps[i])))
-    logits = np.asarray(forward(cfg, params, jnp.asarray([ids], jnp.int32),
-                                jnp.ones((1, len(ids)), bool)))[0, -1].astype(np.float64)
+    logits = np.asarray(
+      forward(cfg, params, jnp.asarray([ids], jnp.int32), jnp.ones((1, len(ids)), bool))
+    )[0, -1].astype(np.float64)
     lse = lambda idx: np.logaddexp.reduce(logits[idx])  # same log-normaliser on both sides
     assert labels[i] == int(lse(yes_ids) > lse(no_ids))
     p_yes = 1 / (1 + np.exp(lse(no_ids) - lse(yes_ids)))
@@ -79,9 +88,10 @@ def test_agreement_filter_hand_built():
   assert s["n"] == 4 and s["kept"] == 3 and s["agreement_rate"] == 0.75
   assert s["kept_positive"] == 2 and s["kept_negative"] == 1
   assert s["confusion"] == {
-      "rule=1": {"judge=1": 2, "judge=0": 0, "judge=-1": 0},
-      "rule=0": {"judge=1": 1, "judge=0": 1, "judge=-1": 0},
-      "rule=-1": {"judge=1": 0, "judge=0": 0, "judge=-1": 0}}
+    "rule=1": {"judge=1": 2, "judge=0": 0, "judge=-1": 0},
+    "rule=0": {"judge=1": 1, "judge=0": 1, "judge=-1": 0},
+    "rule=-1": {"judge=1": 0, "judge=0": 0, "judge=-1": 0},
+  }
   # po = 0.75, pe = 0.5*0.75 + 0.5*0.25 = 0.5 -> kappa 0.5
   assert s["cohen_kappa"] == pytest.approx(0.5)
   kept, s = annotate.agreement_filter([1, -1, 0], [1, 1, -1])  # undecided never kept
@@ -103,8 +113,9 @@ def test_binary_metrics_hand_computed():
   assert m["f1"] == pytest.approx(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5))
   assert m["accuracy"] == pytest.approx(0.5)
   assert compare.binary_metrics([0, 0], [1, 0])["precision"] is None  # no positives predicted
-  ci = compare.bootstrap_metrics([1, 1, 1, 0, 0, -1], [1, 1, 0, 1, 0, 1], [0, 0, 1, 1, 2, 2],
-                                 n_resamples=200)
+  ci = compare.bootstrap_metrics(
+    [1, 1, 1, 0, 0, -1], [1, 1, 0, 1, 0, 1], [0, 0, 1, 1, 2, 2], n_resamples=200
+  )
   lo, hi = ci["precision"]
   assert 0 <= lo <= 2 / 3 <= hi <= 1
 

@@ -11,13 +11,17 @@ from cooper_jax.checkpoint import CheckpointCorrupt, CheckpointStore, verify_ste
 
 
 def _state(scale):
-  return {"params": {"w": jnp.full((64, 32), scale, jnp.float32), "b": jnp.arange(5.0) * scale},
-          "step": jnp.asarray(int(scale), jnp.int32)}
+  return {
+    "params": {"w": jnp.full((64, 32), scale, jnp.float32), "b": jnp.arange(5.0) * scale},
+    "step": jnp.asarray(int(scale), jnp.int32),
+  }
 
 
 def _biggest_file(step_dir):
-  return max((f for f in step_dir.rglob("*") if f.is_file() and f.name != "cooper_manifest.json"),
-             key=lambda f: f.stat().st_size)
+  return max(
+    (f for f in step_dir.rglob("*") if f.is_file() and f.name != "cooper_manifest.json"),
+    key=lambda f: f.stat().st_size,
+  )
 
 
 def test_round_trip_both_models_and_meta(tmp_path):
@@ -72,6 +76,7 @@ def test_unfinished_save_has_no_manifest(tmp_path):
 
 def test_restore_keeps_target_sharding(tmp_path):
   from cooper_jax import sharding  # pylint: disable=import-outside-toplevel
+
   mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
   target = {"params": {"layers": {"mlp": {"up": {"kernel": jnp.zeros((2, 8, 16))}}}}}
   target = sharding.shard_tree(target, mesh)

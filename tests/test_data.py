@@ -11,112 +11,119 @@ from cooper_jax.data import REGISTRY, PromptIterator, load_qa, to_dataset
 
 @pytest.fixture
 def bad_jsonl(tmp_path):
-    lines = [
-        json.dumps({"question": "q1", "answer": "1"}),
-        json.dumps({"question": "q2", "answer": 2}),
-        json.dumps({"question": "q3"}),                    # line 3: missing answer
-        json.dumps({"question": "q4", "answer": "4"}),
-        json.dumps({"question": "  ", "answer": "5"}),     # line 5: empty question
-        json.dumps({"question": "q6", "answer": 6.0}),
-        '{"question": "q7", "answer": ',                   # line 7: broken JSON
-        json.dumps({"question": "q8", "answer": "\\frac{1}{2}"}),
-    ]
-    path = tmp_path / "bad.jsonl"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+  lines = [
+    json.dumps({"question": "q1", "answer": "1"}),
+    json.dumps({"question": "q2", "answer": 2}),
+    json.dumps({"question": "q3"}),  # line 3: missing answer
+    json.dumps({"question": "q4", "answer": "4"}),
+    json.dumps({"question": "  ", "answer": "5"}),  # line 5: empty question
+    json.dumps({"question": "q6", "answer": 6.0}),
+    '{"question": "q7", "answer": ',  # line 7: broken JSON
+    json.dumps({"question": "q8", "answer": "\\frac{1}{2}"}),
+  ]
+  path = tmp_path / "bad.jsonl"
+  path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  return path
 
 
 def test_bad_row_raises_with_file_line_and_key(bad_jsonl):
-    with pytest.raises(ValueError) as e:
-        load_qa(str(bad_jsonl))
-    msg = str(e.value)
-    assert str(bad_jsonl) in msg and "line 3" in msg and "'answer'" in msg
+  with pytest.raises(ValueError) as e:
+    load_qa(str(bad_jsonl))
+  msg = str(e.value)
+  assert str(bad_jsonl) in msg and "line 3" in msg and "'answer'" in msg
 
 
 def test_bad_rows_skipped_and_reported(bad_jsonl, caplog):
-    with caplog.at_level(logging.WARNING):
-        rows, rep = load_qa(str(bad_jsonl), on_bad_row="skip")
-    assert [r["question"] for r in rows] == ["q1", "q2", "q4", "q6", "q8"]
-    assert [r["answer"] for r in rows] == ["1", "2", "4", "6", "\\frac{1}{2}"]
-    assert rep.rows == 5 and rep.skipped == 3
-    assert [(f, line) for f, line, _ in rep.bad_rows] == [(str(bad_jsonl), n) for n in (3, 5, 7)]
-    reasons = [r for _, _, r in rep.bad_rows]
-    assert "missing key 'answer'" in reasons[0]
-    assert "empty 'question'" in reasons[1]
-    assert "invalid JSON" in reasons[2]
-    assert "skipped 3 bad rows" in caplog.text
+  with caplog.at_level(logging.WARNING):
+    rows, rep = load_qa(str(bad_jsonl), on_bad_row="skip")
+  assert [r["question"] for r in rows] == ["q1", "q2", "q4", "q6", "q8"]
+  assert [r["answer"] for r in rows] == ["1", "2", "4", "6", "\\frac{1}{2}"]
+  assert rep.rows == 5 and rep.skipped == 3
+  assert [(f, line) for f, line, _ in rep.bad_rows] == [(str(bad_jsonl), n) for n in (3, 5, 7)]
+  reasons = [r for _, _, r in rep.bad_rows]
+  assert "missing key 'answer'" in reasons[0]
+  assert "empty 'question'" in reasons[1]
+  assert "invalid JSON" in reasons[2]
+  assert "skipped 3 bad rows" in caplog.text
 
 
 def test_limit_custom_keys_and_other_formats(tmp_path):
-    rows = [{"problem": f"p{i}", "solution_value": i} for i in range(1, 6)]
-    js = tmp_path / "d.json"
-    js.write_text(json.dumps(rows))
-    out, rep = load_qa(str(js), question_key="problem", answer_key="solution_value", limit=3)
-    assert [r["question"] for r in out] == ["p1", "p2", "p3"] and out[0]["answer"] == "1"
-    assert out[0]["problem"] == "p1"  # original fields kept
-    pq = tmp_path / "d.parquet"
-    to_dataset([{"question": "a", "answer": "1"}, {"question": "", "answer": "2"}]).to_parquet(pq)
-    with pytest.raises(ValueError, match=r"row 2: empty 'question'"):
-        load_qa(str(pq))
-    with pytest.raises(FileNotFoundError):
-        load_qa(str(tmp_path / "missing.jsonl"))
+  rows = [{"problem": f"p{i}", "solution_value": i} for i in range(1, 6)]
+  js = tmp_path / "d.json"
+  js.write_text(json.dumps(rows))
+  out, rep = load_qa(str(js), question_key="problem", answer_key="solution_value", limit=3)
+  assert [r["question"] for r in out] == ["p1", "p2", "p3"] and out[0]["answer"] == "1"
+  assert out[0]["problem"] == "p1"  # original fields kept
+  pq = tmp_path / "d.parquet"
+  to_dataset([{"question": "a", "answer": "1"}, {"question": "", "answer": "2"}]).to_parquet(pq)
+  with pytest.raises(ValueError, match=r"row 2: empty 'question'"):
+    load_qa(str(pq))
+  with pytest.raises(FileNotFoundError):
+    load_qa(str(tmp_path / "missing.jsonl"))
 
 
-@pytest.mark.parametrize("name,count", [("gsm8k/test", 1319), ("gsm8k/train", 7473),
-                                        ("math500/test", 500), ("svamp/test", 1000),
-                                        ("olympiadbench/test", 675)])
+@pytest.mark.parametrize(
+  "name,count",
+  [
+    ("gsm8k/test", 1319),
+    ("gsm8k/train", 7473),
+    ("math500/test", 500),
+    ("svamp/test", 1000),
+    ("olympiadbench/test", 675),
+  ],
+)
 def test_registry_row_counts(name, count):
-    rows, rep = load_qa(name)
-    assert len(rows) == rep.rows == count and rep.skipped == 0
-    assert all(isinstance(r["answer"], str) and r["answer"] for r in rows)
+  rows, rep = load_qa(name)
+  assert len(rows) == rep.rows == count and rep.skipped == 0
+  assert all(isinstance(r["answer"], str) and r["answer"] for r in rows)
 
 
 def test_registry_split_argument_and_content():
-    rows, rep = load_qa("gsm8k", split="test", limit=2)
-    assert rep.location.endswith("gsm8k/test.jsonl") and len(rows) == 2
-    assert rows[0]["answer"] == "18" and rows[0]["question"].startswith("Janet")
-    assert set(REGISTRY) >= {"gsm8k/train", "math500/test"}
+  rows, rep = load_qa("gsm8k", split="test", limit=2)
+  assert rep.location.endswith("gsm8k/test.jsonl") and len(rows) == 2
+  assert rows[0]["answer"] == "18" and rows[0]["question"].startswith("Janet")
+  assert set(REGISTRY) >= {"gsm8k/train", "math500/test"}
 
 
 def test_hub_path(monkeypatch):
-    calls = []
+  calls = []
 
-    def fake_load(name, split=None):
-        calls.append((name, split))
-        if name == "org/missing":
-            raise ConnectionError("no network")
-        return datasets.Dataset.from_list([{"q": "x", "a": 3}])
+  def fake_load(name, split=None):
+    calls.append((name, split))
+    if name == "org/missing":
+      raise ConnectionError("no network")
+    return datasets.Dataset.from_list([{"q": "x", "a": 3}])
 
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    rows, rep = load_qa("org/ds", split="test", question_key="q", answer_key="a")
-    assert rows[0]["answer"] == "3" and calls == [("org/ds", "test")]
-    with pytest.raises(RuntimeError, match="hub failed"):
-        load_qa("org/missing", split="test")
-    with pytest.raises(ValueError, match="split"):
-        load_qa("org/ds")
+  monkeypatch.setattr(datasets, "load_dataset", fake_load)
+  rows, rep = load_qa("org/ds", split="test", question_key="q", answer_key="a")
+  assert rows[0]["answer"] == "3" and calls == [("org/ds", "test")]
+  with pytest.raises(RuntimeError, match="hub failed"):
+    load_qa("org/missing", split="test")
+  with pytest.raises(ValueError, match="split"):
+    load_qa("org/ds")
 
 
 def _drain(it, sizes):
-    return [[r["id"] for r in it.next_batch(n)] for n in sizes]
+  return [[r["id"] for r in it.next_batch(n)] for n in sizes]
 
 
 def test_prompt_iterator_resume_matches_uninterrupted():
-    rows = [{"id": i} for i in range(10)]
-    sizes = [3, 4, 7, 2, 9, 5, 1, 6]
-    full = _drain(PromptIterator(rows, seed=7), sizes)
-    # Every epoch is a permutation of all rows, and epochs are shuffled differently.
-    flat = [i for b in full for i in b]
-    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
-    assert flat[:10] != flat[10:20]
+  rows = [{"id": i} for i in range(10)]
+  sizes = [3, 4, 7, 2, 9, 5, 1, 6]
+  full = _drain(PromptIterator(rows, seed=7), sizes)
+  # Every epoch is a permutation of all rows, and epochs are shuffled differently.
+  flat = [i for b in full for i in b]
+  assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
+  assert flat[:10] != flat[10:20]
 
-    it = PromptIterator(rows, seed=7)
-    first = _drain(it, sizes[:3])
-    state = json.loads(json.dumps(it.state_dict()))  # survives a checkpoint round trip
-    assert state["epoch"] == 1 and state["index"] == 4 and state["seed"] == 7
-    resumed = PromptIterator(rows, seed=0)
-    resumed.load_state_dict(state)
-    assert first + _drain(resumed, sizes[3:]) == full
+  it = PromptIterator(rows, seed=7)
+  first = _drain(it, sizes[:3])
+  state = json.loads(json.dumps(it.state_dict()))  # survives a checkpoint round trip
+  assert state["epoch"] == 1 and state["index"] == 4 and state["seed"] == 7
+  resumed = PromptIterator(rows, seed=0)
+  resumed.load_state_dict(state)
+  assert first + _drain(resumed, sizes[3:]) == full
 
-    assert _drain(PromptIterator(rows, seed=8), sizes) != full
-    with pytest.raises(ValueError):
-        PromptIterator(rows[:5]).load_state_dict(state)
+  assert _drain(PromptIterator(rows, seed=8), sizes) != full
+  with pytest.raises(ValueError):
+    PromptIterator(rows[:5]).load_state_dict(state)

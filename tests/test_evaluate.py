@@ -47,26 +47,46 @@ class StubVerifier:
     correct = np.array([i in self.correct_idx for i in range(n)])
     status = ["ok" if i % 3 else "no_answer" for i in range(n)]
     counts = {s: status.count(s) for s in ("ok", "no_answer", "timeout", "error")}
-    return types.SimpleNamespace(correct=correct, status=status, pred=[None] * n,
-                                 counts=counts, worker_restarts=0)
+    return types.SimpleNamespace(
+      correct=correct, status=status, pred=[None] * n, counts=counts, worker_restarts=0
+    )
 
 
 @pytest.fixture(scope="module")
 def tiny():
-  cfg = ModelConfig(vocab_size=49152, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                    head_dim=16, d_ff=64, tie_embeddings=True)
+  cfg = ModelConfig(
+    vocab_size=49152,
+    d_model=32,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    d_ff=64,
+    tie_embeddings=True,
+  )
   return cfg, init_params(cfg, jax.random.key(0)), load_tokenizer("smollm2-135m-instruct")
 
 
 def test_evaluate_model_arithmetic_and_structure(tiny):
   cfg, params, tok = tiny
-  rows = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)}
-          for i in range(3)]
+  rows = [
+    {"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(3)
+  ]
   # rollouts are problem-major: problem 0 -> 0,1; problem 1 -> 2,3; problem 2 -> 4,5
   stub = StubVerifier({0, 1, 2})
-  res = ev.evaluate_model(cfg, params, tok, {"toy": rows, "toy2": rows[:2]}, samples=2,
-                          temperature=0.7, top_p=0.95, max_new_tokens=4, batch_size=4,
-                          seed=0, verifier=stub)
+  res = ev.evaluate_model(
+    cfg,
+    params,
+    tok,
+    {"toy": rows, "toy2": rows[:2]},
+    samples=2,
+    temperature=0.7,
+    top_p=0.95,
+    max_new_tokens=4,
+    batch_size=4,
+    seed=0,
+    verifier=stub,
+  )
   b = res["benchmarks"]["toy"]
   assert b["per_problem_acc"] == [1.0, 0.5, 0.0]
   assert b["per_problem_correct"] == [[1, 1], [1, 0], [0, 0]]
@@ -87,14 +107,29 @@ def test_evaluate_model_arithmetic_and_structure(tiny):
   assert 0 <= b["mean_response_tokens"] <= 4
   recs = res["records"]["toy"]
   assert [(r["id"], r["sample"], r["correct"]) for r in recs] == [
-      ("q0", 0, True), ("q0", 1, True), ("q1", 0, True), ("q1", 1, False),
-      ("q2", 0, False), ("q2", 1, False)]
+    ("q0", 0, True),
+    ("q0", 1, True),
+    ("q1", 0, True),
+    ("q1", 1, False),
+    ("q2", 0, False),
+    ("q2", 1, False),
+  ]
   json.dumps({k: v for k, v in res.items() if k != "records"}, allow_nan=False)
 
   # Same shapes again (periodic eval): cached executable, no compile time.
-  res2 = ev.evaluate_model(cfg, params, tok, {"toy": rows}, samples=2, temperature=0.7,
-                           top_p=0.95, max_new_tokens=4, batch_size=4, seed=0,
-                           verifier=StubVerifier(set()))
+  res2 = ev.evaluate_model(
+    cfg,
+    params,
+    tok,
+    {"toy": rows},
+    samples=2,
+    temperature=0.7,
+    top_p=0.95,
+    max_new_tokens=4,
+    batch_size=4,
+    seed=0,
+    verifier=StubVerifier(set()),
+  )
   assert res2["benchmarks"]["toy"]["throughput"]["compile_s"] == 0.0
   assert res2["benchmarks"]["toy"]["accuracy"] == 0.0
   assert res2["records"]["toy"][0]["completion"] == recs[0]["completion"]  # seeded
@@ -103,18 +138,32 @@ def test_evaluate_model_arithmetic_and_structure(tiny):
 def test_greedy(tiny):
   cfg, params, tok = tiny
   rows = [{"id": "a", "question": "1+1?", "answer": "2"}]
-  res = ev.evaluate_model(cfg, params, tok, {"g": rows}, samples=2, temperature=0.0,
-                          top_p=1.0, max_new_tokens=3, batch_size=2, verifier=StubVerifier({0}))
+  res = ev.evaluate_model(
+    cfg,
+    params,
+    tok,
+    {"g": rows},
+    samples=2,
+    temperature=0.0,
+    top_p=1.0,
+    max_new_tokens=3,
+    batch_size=2,
+    verifier=StubVerifier({0}),
+  )
   recs = res["records"]["g"]
   assert recs[0]["completion"] == recs[1]["completion"]
   assert res["benchmarks"]["g"]["accuracy"] == 0.5
 
 
 def _fake_results():
-  return {"benchmarks": {"gsm8k/test": {"accuracy": 0.7412, "ci95": [0.7, 0.78]},
-                         "svamp/test": {"accuracy": 0.5, "ci95": [0.45, 0.551]}},
-          "average": {"accuracy": 0.6206, "ci95": [0.59, 0.65]},
-          "records": {"gsm8k/test": [{"id": "x", "sample": 0, "completion": "c"}]}}
+  return {
+    "benchmarks": {
+      "gsm8k/test": {"accuracy": 0.7412, "ci95": [0.7, 0.78]},
+      "svamp/test": {"accuracy": 0.5, "ci95": [0.45, 0.551]},
+    },
+    "average": {"accuracy": 0.6206, "ci95": [0.59, 0.65]},
+    "records": {"gsm8k/test": [{"id": "x", "sample": 0, "completion": "c"}]},
+  }
 
 
 def test_format_table():
@@ -122,8 +171,9 @@ def test_format_table():
   lines = t.strip().splitlines()
   assert lines[0] == "| model | gsm8k/test | svamp/test | avg |"
   assert lines[1] == "|---|---|---|---|"
-  assert lines[2] == ("| SmolLM2 | 74.12 (70.00-78.00) | 50.00 (45.00-55.10) "
-                      "| 62.06 (59.00-65.00) |")
+  assert lines[2] == (
+    "| SmolLM2 | 74.12 (70.00-78.00) | 50.00 (45.00-55.10) | 62.06 (59.00-65.00) |"
+  )
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path):
@@ -159,6 +209,7 @@ def test_write_outputs(tmp_path):
 
 def test_checkpoint_hook_error_is_clear(monkeypatch):
   import sys
+
   monkeypatch.setitem(sys.modules, "cooper_jax.checkpoint", None)  # import fails
   with pytest.raises(RuntimeError, match="load_policy_for_eval"):
     ev.load_model(None, "/nonexistent", None)

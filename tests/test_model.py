@@ -10,9 +10,19 @@ from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import forward, init_params
 from cooper_jax.sampling import sample
 
-TINY = ModelConfig(vocab_size=97, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=8,
-                   d_ff=96, rope_theta=10000.0, qkv_bias=True, tie_embeddings=False,
-                   family="qwen2")
+TINY = ModelConfig(
+  vocab_size=97,
+  d_model=48,
+  n_layers=2,
+  n_heads=6,
+  n_kv_heads=2,
+  head_dim=8,
+  d_ff=96,
+  rope_theta=10000.0,
+  qkv_bias=True,
+  tie_embeddings=False,
+  family="qwen2",
+)
 PAD = 0
 
 
@@ -27,8 +37,8 @@ def _left_pad(rows, width):
   toks = np.full((len(rows), width), PAD, np.int32)
   mask = np.zeros((len(rows), width), bool)
   for i, r in enumerate(rows):
-    toks[i, width - len(r):] = r
-    mask[i, width - len(r):] = True
+    toks[i, width - len(r) :] = r
+    mask[i, width - len(r) :] = True
   return toks, mask
 
 
@@ -40,7 +50,7 @@ def test_left_padding_does_not_change_logits(params):
   batched = forward(TINY, params, toks, mask)
   for i, r in enumerate(ROWS):
     alone = forward(TINY, params, jnp.array([r]), jnp.ones((1, len(r)), bool))[0]
-    np.testing.assert_allclose(batched[i, 9 - len(r):], alone, atol=2e-5)
+    np.testing.assert_allclose(batched[i, 9 - len(r) :], alone, atol=2e-5)
 
 
 def _teacher_forced(params, toks, mask, out):
@@ -48,23 +58,30 @@ def _teacher_forced(params, toks, mask, out):
   full_t = np.concatenate([toks, np.asarray(out.tokens)], axis=1)
   full_m = np.concatenate([mask, np.asarray(out.mask)], axis=1)
   p = toks.shape[1]
-  return forward(TINY, params, full_t, full_m)[:, p - 1:-1]
+  return forward(TINY, params, full_t, full_m)[:, p - 1 : -1]
 
 
 def test_greedy_equals_stepwise_argmax_and_logprobs_match(params):
   toks, mask = _left_pad(ROWS, 8)
-  out = sample(params, toks, mask, jax.random.key(3), cfg=TINY, max_new_tokens=7,
-               temperature=0.0, pad_id=PAD)
+  out = sample(
+    params, toks, mask, jax.random.key(3), cfg=TINY, max_new_tokens=7, temperature=0.0, pad_id=PAD
+  )
   assert bool(np.all(out.mask))
   logits = _teacher_forced(params, toks, mask, out)
   np.testing.assert_array_equal(out.tokens, np.argmax(logits, axis=-1))
-  want = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), np.asarray(out.tokens)[..., None], -1)
+  want = np.take_along_axis(
+    np.asarray(jax.nn.log_softmax(logits)), np.asarray(out.tokens)[..., None], -1
+  )
   np.testing.assert_allclose(out.logprobs, want[..., 0], atol=1e-4)
   # And one row step by step, each step a separate full forward of the growing sequence.
   seq = list(ROWS[1])
   for j in range(7):
-    step_logits = forward(TINY, params, jnp.array([seq + [PAD] * (j == 0)]),
-                          jnp.array([[True] * len(seq) + [False] * (j == 0)]))
+    step_logits = forward(
+      TINY,
+      params,
+      jnp.array([seq + [PAD] * (j == 0)]),
+      jnp.array([[True] * len(seq) + [False] * (j == 0)]),
+    )
     nxt = int(jnp.argmax(step_logits[0, len(seq) - 1]))
     assert nxt == int(out.tokens[1, j])
     seq.append(nxt)
@@ -72,8 +89,9 @@ def test_greedy_equals_stepwise_argmax_and_logprobs_match(params):
 
 def test_sampled_logprobs_equal_full_forward_logsoftmax(params):
   toks, mask = _left_pad(ROWS, 8)
-  out = sample(params, toks, mask, jax.random.key(4), cfg=TINY, max_new_tokens=7,
-               temperature=1.0, pad_id=PAD)
+  out = sample(
+    params, toks, mask, jax.random.key(4), cfg=TINY, max_new_tokens=7, temperature=1.0, pad_id=PAD
+  )
   logp = jax.nn.log_softmax(_teacher_forced(params, toks, mask, out), axis=-1)
   want = np.take_along_axis(np.asarray(logp), np.asarray(out.tokens)[..., None], -1)[..., 0]
   np.testing.assert_allclose(out.logprobs, want, atol=1e-4)
@@ -91,31 +109,52 @@ def test_sampling_is_deterministic_per_key(params):
 
 def test_top_k_one_is_greedy(params):
   toks, mask = _left_pad(ROWS, 8)
-  greedy = sample(params, toks, mask, jax.random.key(0), cfg=TINY, max_new_tokens=6,
-                  temperature=0.0, pad_id=PAD)
-  k1 = sample(params, toks, mask, jax.random.key(9), cfg=TINY, max_new_tokens=6,
-              temperature=0.8, top_k=1, pad_id=PAD)
+  greedy = sample(
+    params, toks, mask, jax.random.key(0), cfg=TINY, max_new_tokens=6, temperature=0.0, pad_id=PAD
+  )
+  k1 = sample(
+    params,
+    toks,
+    mask,
+    jax.random.key(9),
+    cfg=TINY,
+    max_new_tokens=6,
+    temperature=0.8,
+    top_k=1,
+    pad_id=PAD,
+  )
   np.testing.assert_array_equal(greedy.tokens, k1.tokens)
 
 
 def test_stop_at_eos_masks_the_rest(params):
   toks, mask = _left_pad(ROWS, 8)
-  free = sample(params, toks, mask, jax.random.key(0), cfg=TINY, max_new_tokens=8,
-                temperature=0.0, pad_id=PAD)
+  free = sample(
+    params, toks, mask, jax.random.key(0), cfg=TINY, max_new_tokens=8, temperature=0.0, pad_id=PAD
+  )
   eos = int(free.tokens[0, 2])  # row 0 emits this at step 2 (maybe earlier on other rows)
-  out = sample(params, toks, mask, jax.random.key(0), cfg=TINY, max_new_tokens=8,
-               temperature=0.0, eos_ids=(eos,), pad_id=PAD)
+  out = sample(
+    params,
+    toks,
+    mask,
+    jax.random.key(0),
+    cfg=TINY,
+    max_new_tokens=8,
+    temperature=0.0,
+    eos_ids=(eos,),
+    pad_id=PAD,
+  )
   for i in range(len(ROWS)):
     row = list(np.asarray(free.tokens[i]))
     stop = row.index(eos) if eos in row else 8
     np.testing.assert_array_equal(out.mask[i], np.arange(8) <= stop)
-    np.testing.assert_array_equal(out.tokens[i, :stop + 1], free.tokens[i, :stop + 1])
-    assert np.all(np.asarray(out.tokens[i, stop + 1:]) == PAD)
-    assert np.all(np.asarray(out.logprobs[i, stop + 1:]) == 0.0)
+    np.testing.assert_array_equal(out.tokens[i, : stop + 1], free.tokens[i, : stop + 1])
+    assert np.all(np.asarray(out.tokens[i, stop + 1 :]) == PAD)
+    assert np.all(np.asarray(out.logprobs[i, stop + 1 :]) == 0.0)
 
 
 def test_top_p_keeps_only_the_nucleus():
   from cooper_jax.sampling import _filter_logits  # pylint: disable=import-outside-toplevel
+
   probs = np.array([[0.5, 0.3, 0.15, 0.05]])
   filtered = np.asarray(_filter_logits(jnp.log(probs), 0.7, 0))
   # 0.5 < 0.7, 0.5 + 0.3 >= 0.7: the nucleus is the first two tokens.
@@ -133,7 +172,8 @@ def test_sampler_on_sharded_params_matches_single_device(params):
   mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
   sp = sharding.shard_tree(params, mesh)
   assert sp["layers"]["mlp"]["up"]["kernel"].sharding.spec == jax.sharding.PartitionSpec(
-      None, "fsdp", "tensor")
+    None, "fsdp", "tensor"
+  )
   bs = sharding.batch_sharding(mesh)
   out = sample(sp, jax.device_put(toks, bs), jax.device_put(mask, bs), jax.random.key(7), **kw)
   np.testing.assert_array_equal(out.tokens, ref.tokens)

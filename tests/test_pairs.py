@@ -9,17 +9,17 @@ import pytest
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import init_params
 from cooper_jax.rewards.pairs import (
-    REJECT_REASONS,
-    REWRITE_SYSTEM,
-    LLMRewriteNegatives,
-    PerturbNegatives,
-    build_pairs,
-    check_negatives,
-    make_negative_generator,
-    perturb_solution,
-    rewrite_prompt,
-    rewrite_token_budget,
-    select_positives,
+  REJECT_REASONS,
+  REWRITE_SYSTEM,
+  LLMRewriteNegatives,
+  PerturbNegatives,
+  build_pairs,
+  check_negatives,
+  make_negative_generator,
+  perturb_solution,
+  rewrite_prompt,
+  rewrite_token_budget,
+  select_positives,
 )
 from cooper_jax.rewards.rm_prompt import build_rm_input, cut_long_text, encode_rm_inputs
 from cooper_jax.rewards.verify import RuleVerifier, differ_one
@@ -27,63 +27,70 @@ from cooper_jax.rewards.verify import RuleVerifier, differ_one
 
 # Top-level so the spawned verifier worker can import it by name.
 def slow_differ(a_text: str, b_text: str):
-    """differ_one, except a "SLOW" negative overruns any deadline (as a sympy blow-up would)."""
-    if a_text == "SLOW":
-        time.sleep(60)
-    return differ_one(a_text, b_text)
+  """differ_one, except a "SLOW" negative overruns any deadline (as a sympy blow-up would)."""
+  if a_text == "SLOW":
+    time.sleep(60)
+  return differ_one(a_text, b_text)
 
 
 @pytest.fixture(scope="module")
 def verifier():
-    with RuleVerifier(num_workers=1, differ_fn=slow_differ) as v:
-        yield v
+  with RuleVerifier(num_workers=1, differ_fn=slow_differ) as v:
+    yield v
 
 
 @pytest.fixture(scope="module")
 def tok():
-    from cooper_jax.tokenizer import load_tokenizer
-    return load_tokenizer("smollm2-135m-instruct")
+  from cooper_jax.tokenizer import load_tokenizer
+
+  return load_tokenizer("smollm2-135m-instruct")
 
 
 # ---- RM input ------------------------------------------------------------------------------
 
+
 def test_rm_input_exact_format():
-    got = build_rm_input("What is 2+2?", "4", "2+2 = \\boxed{4}")
-    assert got == ("<question>What is 2+2?</question>\n"
-                   "<reference_answer>4</reference_answer>\n"
-                   "<completion>2+2 = \\boxed{4}</completion>")
+  got = build_rm_input("What is 2+2?", "4", "2+2 = \\boxed{4}")
+  assert got == (
+    "<question>What is 2+2?</question>\n"
+    "<reference_answer>4</reference_answer>\n"
+    "<completion>2+2 = \\boxed{4}</completion>"
+  )
 
 
 def test_cut_keeps_first_500_and_last_1000_chars():
-    text = "A" * 500 + "B" * 1500 + "C" * 1000  # 3000 chars
-    cut = cut_long_text(text)
-    assert cut == "A" * 500 + "C" * 1000  # every B (the middle) is gone
-    assert len(cut) == 1500
-    assert cut_long_text("x" * 1500) == "x" * 1500  # the reference cuts only when > 1500
-    assert cut_long_text("y" * 1501) == "y" * 500 + "y" * 1000
-    # Reference and completion are cut, the question is not.
-    q = "Q" * 2000
-    s = build_rm_input(q, text, text)
-    assert s == f"<question>{q}</question>\n<reference_answer>{cut}</reference_answer>\n" \
-                f"<completion>{cut}</completion>"
+  text = "A" * 500 + "B" * 1500 + "C" * 1000  # 3000 chars
+  cut = cut_long_text(text)
+  assert cut == "A" * 500 + "C" * 1000  # every B (the middle) is gone
+  assert len(cut) == 1500
+  assert cut_long_text("x" * 1500) == "x" * 1500  # the reference cuts only when > 1500
+  assert cut_long_text("y" * 1501) == "y" * 500 + "y" * 1000
+  # Reference and completion are cut, the question is not.
+  q = "Q" * 2000
+  s = build_rm_input(q, text, text)
+  assert (
+    s == f"<question>{q}</question>\n<reference_answer>{cut}</reference_answer>\n"
+    f"<completion>{cut}</completion>"
+  )
 
 
 def test_encode_rm_inputs_left_pads_and_keeps_the_end(tok):
-    qs, refs = ["What is 2+2?", "Long " * 300], ["4", "7"]
-    comps = ["\\boxed{4}", "So the answer is \\boxed{7}"]
-    full = [tok.encode(build_rm_input(q, a, o)) for q, a, o in zip(qs, refs, comps)]
-    assert len(full[0]) < 64 < len(full[1])
-    tokens, mask, n_truncated = encode_rm_inputs(tok, qs, refs, comps, max_len=64)
-    assert tokens.dtype == np.int32 and mask.dtype == np.bool_ and tokens.shape == (2, 64)
-    assert n_truncated == 1
-    assert tokens[1].tolist() == full[1][-64:] and mask[1].all()  # the completion end survives
-    k = len(full[0])
-    assert tokens[0, -k:].tolist() == full[0] and mask[0, -k:].all() and not mask[0, :-k].any()
-    assert (tokens[0, :-k] == tok.pad_id).all()
-    # Nothing too long: width is the longest row rounded up, no truncation.
-    tokens, mask, n_truncated = encode_rm_inputs(tok, qs[:1], refs[:1], comps[:1], max_len=512,
-                                                 pad_to_multiple=16)
-    assert n_truncated == 0 and tokens.shape == (1, -(-k // 16) * 16)
+  qs, refs = ["What is 2+2?", "Long " * 300], ["4", "7"]
+  comps = ["\\boxed{4}", "So the answer is \\boxed{7}"]
+  full = [tok.encode(build_rm_input(q, a, o)) for q, a, o in zip(qs, refs, comps)]
+  assert len(full[0]) < 64 < len(full[1])
+  tokens, mask, n_truncated = encode_rm_inputs(tok, qs, refs, comps, max_len=64)
+  assert tokens.dtype == np.int32 and mask.dtype == np.bool_ and tokens.shape == (2, 64)
+  assert n_truncated == 1
+  assert tokens[1].tolist() == full[1][-64:] and mask[1].all()  # the completion end survives
+  k = len(full[0])
+  assert tokens[0, -k:].tolist() == full[0] and mask[0, -k:].all() and not mask[0, :-k].any()
+  assert (tokens[0, :-k] == tok.pad_id).all()
+  # Nothing too long: width is the longest row rounded up, no truncation.
+  tokens, mask, n_truncated = encode_rm_inputs(
+    tok, qs[:1], refs[:1], comps[:1], max_len=512, pad_to_multiple=16
+  )
+  assert n_truncated == 0 and tokens.shape == (1, -(-k // 16) * 16)
 
 
 # ---- positives -----------------------------------------------------------------------------
@@ -92,168 +99,235 @@ CORRECT = np.array([[0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1]], bool).reshape(-1)
 
 
 def test_select_positives_first_random_none():
-    assert select_positives(CORRECT, 4).tolist() == [1, -1, 8]
-    seen = set()
-    for seed in range(20):
-        idx = select_positives(CORRECT, 4, "random", np.random.default_rng(seed))
-        assert idx[0] in (1, 3) and idx[1] == -1 and 8 <= idx[2] < 12
-        seen.add(int(idx[0]))
-    assert seen == {1, 3}
-    a = select_positives(CORRECT, 4, "random", np.random.default_rng(7))
-    assert a.tolist() == select_positives(CORRECT, 4, "random", np.random.default_rng(7)).tolist()
-    assert select_positives(np.zeros(8, bool), 4).tolist() == [-1, -1]
-    with pytest.raises(ValueError):
-        select_positives(CORRECT, 4, "random")  # no rng: not reproducible
-    with pytest.raises(ValueError):
-        select_positives(CORRECT, 5)
+  assert select_positives(CORRECT, 4).tolist() == [1, -1, 8]
+  seen = set()
+  for seed in range(20):
+    idx = select_positives(CORRECT, 4, "random", np.random.default_rng(seed))
+    assert idx[0] in (1, 3) and idx[1] == -1 and 8 <= idx[2] < 12
+    seen.add(int(idx[0]))
+  assert seen == {1, 3}
+  a = select_positives(CORRECT, 4, "random", np.random.default_rng(7))
+  assert a.tolist() == select_positives(CORRECT, 4, "random", np.random.default_rng(7)).tolist()
+  assert select_positives(np.zeros(8, bool), 4).tolist() == [-1, -1]
+  with pytest.raises(ValueError):
+    select_positives(CORRECT, 4, "random")  # no rng: not reproducible
+  with pytest.raises(ValueError):
+    select_positives(CORRECT, 5)
 
 
 # ---- perturbation --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text", ["So she makes \\boxed{18}", "the answer is 42.",
-                                  "Half of it: \\boxed{\\frac{1}{2}}", "\\boxed{70,000}",
-                                  "\\boxed{0.5}", "\\boxed{x}", "\\boxed{(3, \\frac{\\pi}{2})}"])
+
+@pytest.mark.parametrize(
+  "text",
+  [
+    "So she makes \\boxed{18}",
+    "the answer is 42.",
+    "Half of it: \\boxed{\\frac{1}{2}}",
+    "\\boxed{70,000}",
+    "\\boxed{0.5}",
+    "\\boxed{x}",
+    "\\boxed{(3, \\frac{\\pi}{2})}",
+  ],
+)
 def test_perturb_changes_the_answer(verifier, text):
-    rng = np.random.default_rng(0)
-    for attempt in range(3):
-        neg = perturb_solution(text, rng, attempt)
-        assert neg and neg != text
-        res = verifier.differ_batch([neg], [text])
-        assert res.status == ["ok"] and res.differ == [True], (neg, res.answers)
+  rng = np.random.default_rng(0)
+  for attempt in range(3):
+    neg = perturb_solution(text, rng, attempt)
+    assert neg and neg != text
+    res = verifier.differ_batch([neg], [text])
+    assert res.status == ["ok"] and res.differ == [True], (neg, res.answers)
 
 
 def test_perturb_is_deterministic_and_consistent():
-    text = "18 = 9 * 2, not 180. So the total is 18. \\boxed{18}"
-    a = perturb_solution(text, np.random.default_rng(3))
-    assert a == perturb_solution(text, np.random.default_rng(3))
-    new = a.split("\\boxed{")[1].rstrip("}")
-    assert new != "18"
-    # Every standalone 18 becomes the new answer; 180 and the other numbers stay.
-    assert a == f"{new} = 9 * 2, not 180. So the total is {new}. \\boxed{{{new}}}"
-    assert perturb_solution("\\boxed{\\frac{1}{2}}", np.random.default_rng(0)).startswith(
-        "\\boxed{\\frac{")
+  text = "18 = 9 * 2, not 180. So the total is 18. \\boxed{18}"
+  a = perturb_solution(text, np.random.default_rng(3))
+  assert a == perturb_solution(text, np.random.default_rng(3))
+  new = a.split("\\boxed{")[1].rstrip("}")
+  assert new != "18"
+  # Every standalone 18 becomes the new answer; 180 and the other numbers stay.
+  assert a == f"{new} = 9 * 2, not 180. So the total is {new}. \\boxed{{{new}}}"
+  assert perturb_solution("\\boxed{\\frac{1}{2}}", np.random.default_rng(0)).startswith(
+    "\\boxed{\\frac{"
+  )
 
 
 def test_perturb_without_a_number_is_a_counted_reject(verifier):
-    assert perturb_solution("No number here at all.", np.random.default_rng(0)) == ""
-    assert perturb_solution("\\boxed{}", np.random.default_rng(0)) == ""
-    reasons = check_negatives(verifier, ["", "   ", "I give up.", "\\boxed{5}", "\\boxed{3}"],
-                              ["\\boxed{3}"] * 5)
-    assert reasons == ["empty", "empty", "no_answer", None, "same_answer"]
-    # The reference code's looser rule accepts a negative without an answer.
-    assert check_negatives(verifier, ["I give up."], ["\\boxed{3}"],
-                           accept_no_answer=True) == [None]
+  assert perturb_solution("No number here at all.", np.random.default_rng(0)) == ""
+  assert perturb_solution("\\boxed{}", np.random.default_rng(0)) == ""
+  reasons = check_negatives(
+    verifier, ["", "   ", "I give up.", "\\boxed{5}", "\\boxed{3}"], ["\\boxed{3}"] * 5
+  )
+  assert reasons == ["empty", "empty", "no_answer", None, "same_answer"]
+  # The reference code's looser rule accepts a negative without an answer.
+  assert check_negatives(verifier, ["I give up."], ["\\boxed{3}"], accept_no_answer=True) == [None]
 
 
 def test_verifier_timeout_is_a_reject_not_an_accept(verifier):
-    reasons = check_negatives(verifier, ["SLOW", "\\boxed{4}"], ["\\boxed{3}"] * 2,
-                              deadline_s=1.0)
-    assert reasons == ["timeout", None]
+  reasons = check_negatives(verifier, ["SLOW", "\\boxed{4}"], ["\\boxed{3}"] * 2, deadline_s=1.0)
+  assert reasons == ["timeout", None]
 
 
 # ---- build_pairs ---------------------------------------------------------------------------
 
+
 def _batch():
-    """4 prompts x G=4: p0 correct at 1 and 3, p1 none, p2 at 8, p3 at 14 (no number)."""
-    comps = ["\\boxed{17}", "So 18 apples. \\boxed{18}", "\\boxed{19}", "\\boxed{18}",
-             "wrong", "wrong", "wrong", "wrong",
-             "x = 7, so \\boxed{7}", "no", "no", "no",
-             "no", "no", "It is the empty set.", "no"]
-    correct = np.zeros(16, bool)
-    correct[[1, 3, 8, 14]] = True
-    qs = [f"question {i}" for i in range(4)]
-    refs = ["18", "5", "7", "\\emptyset"]
-    return qs, refs, comps, correct
+  """4 prompts x G=4: p0 correct at 1 and 3, p1 none, p2 at 8, p3 at 14 (no number)."""
+  comps = [
+    "\\boxed{17}",
+    "So 18 apples. \\boxed{18}",
+    "\\boxed{19}",
+    "\\boxed{18}",
+    "wrong",
+    "wrong",
+    "wrong",
+    "wrong",
+    "x = 7, so \\boxed{7}",
+    "no",
+    "no",
+    "no",
+    "no",
+    "no",
+    "It is the empty set.",
+    "no",
+  ]
+  correct = np.zeros(16, bool)
+  correct[[1, 3, 8, 14]] = True
+  qs = [f"question {i}" for i in range(4)]
+  refs = ["18", "5", "7", "\\emptyset"]
+  return qs, refs, comps, correct
 
 
 def test_build_pairs_counts(verifier):
-    qs, refs, comps, correct = _batch()
-    pairs, stats = build_pairs(qs, refs, comps, correct, 4, PerturbNegatives(), verifier,
-                               rng=np.random.default_rng(0))
-    assert pairs.valid.tolist() == [True, False, True, False]
-    assert pairs.positive_index.tolist() == [1, -1, 8, 14]
-    assert pairs.positives == [comps[1], "", comps[8], comps[14]]
-    assert pairs.drop_reason == [None, "no_positive", None, "empty"]
-    assert pairs.negatives[1] == pairs.negatives[3] == ""
-    assert "18" not in pairs.negatives[0] and pairs.negatives[0].startswith("So ")
-    assert stats["n_prompts"] == 4 and stats["n_with_positive"] == 3
-    assert stats["n_valid"] == 2 and stats["valid_pair_rate"] == 0.5
-    assert stats["negative_tries"] == 3 + 1 + 1  # p3 tried max_tries=3 times
-    assert stats["rejects"] == {**dict.fromkeys(REJECT_REASONS, 0), "empty": 3}
-    assert stats["dropped_no_positive"] == 1 and stats["dropped_max_tries"] == 1
+  qs, refs, comps, correct = _batch()
+  pairs, stats = build_pairs(
+    qs, refs, comps, correct, 4, PerturbNegatives(), verifier, rng=np.random.default_rng(0)
+  )
+  assert pairs.valid.tolist() == [True, False, True, False]
+  assert pairs.positive_index.tolist() == [1, -1, 8, 14]
+  assert pairs.positives == [comps[1], "", comps[8], comps[14]]
+  assert pairs.drop_reason == [None, "no_positive", None, "empty"]
+  assert pairs.negatives[1] == pairs.negatives[3] == ""
+  assert "18" not in pairs.negatives[0] and pairs.negatives[0].startswith("So ")
+  assert stats["n_prompts"] == 4 and stats["n_with_positive"] == 3
+  assert stats["n_valid"] == 2 and stats["valid_pair_rate"] == 0.5
+  assert stats["negative_tries"] == 3 + 1 + 1  # p3 tried max_tries=3 times
+  assert stats["rejects"] == {**dict.fromkeys(REJECT_REASONS, 0), "empty": 3}
+  assert stats["dropped_no_positive"] == 1 and stats["dropped_max_tries"] == 1
 
 
 class EchoNegatives:
-    """A broken generator: hands the positive back unchanged."""
-    name = "echo"
+  """A broken generator: hands the positive back unchanged."""
 
-    def __init__(self):
-        self.calls = []
+  name = "echo"
 
-    def generate(self, questions, positives, attempt, rng):
-        self.calls.append((attempt, len(positives)))
-        return list(positives)
+  def __init__(self):
+    self.calls = []
+
+  def generate(self, questions, positives, attempt, rng):
+    self.calls.append((attempt, len(positives)))
+    return list(positives)
 
 
 def test_unchanged_negative_is_rejected_max_tries_then_dropped(verifier):
-    qs, refs, comps, correct = _batch()
-    gen = EchoNegatives()
-    pairs, stats = build_pairs(qs[:1], refs[:1], comps[:4], correct[:4], 4, gen, verifier,
-                               rng=np.random.default_rng(0), max_tries=3)
-    assert gen.calls == [(0, 1), (1, 1), (2, 1)]
-    assert not pairs.valid.any() and pairs.drop_reason == ["same_answer"]
-    assert stats["rejects"]["same_answer"] == 3 and stats["negative_tries"] == 3
-    assert stats["n_valid"] == 0 and stats["dropped_max_tries"] == 1
+  qs, refs, comps, correct = _batch()
+  gen = EchoNegatives()
+  pairs, stats = build_pairs(
+    qs[:1],
+    refs[:1],
+    comps[:4],
+    correct[:4],
+    4,
+    gen,
+    verifier,
+    rng=np.random.default_rng(0),
+    max_tries=3,
+  )
+  assert gen.calls == [(0, 1), (1, 1), (2, 1)]
+  assert not pairs.valid.any() and pairs.drop_reason == ["same_answer"]
+  assert stats["rejects"]["same_answer"] == 3 and stats["negative_tries"] == 3
+  assert stats["n_valid"] == 0 and stats["dropped_max_tries"] == 1
 
 
 def test_build_pairs_checks_shapes(verifier):
-    qs, refs, comps, correct = _batch()
-    with pytest.raises(ValueError):
-        build_pairs(qs, refs, comps[:-1], correct[:-1], 4, PerturbNegatives(), verifier,
-                    rng=np.random.default_rng(0))
+  qs, refs, comps, correct = _batch()
+  with pytest.raises(ValueError):
+    build_pairs(
+      qs,
+      refs,
+      comps[:-1],
+      correct[:-1],
+      4,
+      PerturbNegatives(),
+      verifier,
+      rng=np.random.default_rng(0),
+    )
 
 
 def test_factory():
-    assert isinstance(make_negative_generator("perturb"), PerturbNegatives)
-    with pytest.raises(ValueError):
-        make_negative_generator("nope")
+  assert isinstance(make_negative_generator("perturb"), PerturbNegatives)
+  with pytest.raises(ValueError):
+    make_negative_generator("nope")
 
 
 # ---- LLM rewrite ---------------------------------------------------------------------------
 
-TINY_SMOL = ModelConfig(vocab_size=49152, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                        head_dim=16, d_ff=64, tie_embeddings=True)
+TINY_SMOL = ModelConfig(
+  vocab_size=49152,
+  d_model=32,
+  n_layers=1,
+  n_heads=2,
+  n_kv_heads=1,
+  head_dim=16,
+  d_ff=64,
+  tie_embeddings=True,
+)
 
 
 def test_rewrite_prompt_is_pure_and_complete():
-    p = rewrite_prompt("What is 3*6?", "3*6 = \\boxed{18}")
-    assert p == rewrite_prompt("What is 3*6?", "3*6 = \\boxed{18}")
-    assert "What is 3*6?" in p and "3*6 = \\boxed{18}" in p and "\\boxed{}" in p
-    for must in ("wrong reasoning", "different from the correct one", "same length",
-                 "looks like a genuine", "\\boxed{answer}"):
-        assert must in REWRITE_SYSTEM
-    assert rewrite_token_budget("one two  three\nfour") == 504
+  p = rewrite_prompt("What is 3*6?", "3*6 = \\boxed{18}")
+  assert p == rewrite_prompt("What is 3*6?", "3*6 = \\boxed{18}")
+  assert "What is 3*6?" in p and "3*6 = \\boxed{18}" in p and "\\boxed{}" in p
+  for must in (
+    "wrong reasoning",
+    "different from the correct one",
+    "same length",
+    "looks like a genuine",
+    "\\boxed{answer}",
+  ):
+    assert must in REWRITE_SYSTEM
+  assert rewrite_token_budget("one two  three\nfour") == 504
 
 
 def test_llm_rewrite_negatives_generate(tok, verifier):
-    # Jitted: eager init of a 49152-row embedding is twice as slow on the CPU.
-    params = jax.jit(init_params, static_argnums=0)(TINY_SMOL, jax.random.key(0))
-    gen = make_negative_generator("llm_rewrite", cfg=TINY_SMOL, params=params, tokenizer=tok,
-                                  max_new_tokens=8)
-    assert isinstance(gen, LLMRewriteNegatives) and gen.temperature == 0.7
-    qs = ["What is 3*6?", "What is 2+2?", "Name a prime."]
-    pos = ["3*6 = \\boxed{18}", "2+2 = \\boxed{4}", "\\boxed{7}"]
-    chat = gen.chat_prompts(qs, pos)
-    assert REWRITE_SYSTEM in chat[0] and pos[0] in chat[0] and qs[0] in chat[0]
-    assert chat[0] == tok.chat_prompt(rewrite_prompt(qs[0], pos[0]), system=REWRITE_SYSTEM)
-    outs = gen.generate(qs, pos, 0, np.random.default_rng(0))  # 3 rows, padded to 4
-    assert len(outs) == 3 and all(isinstance(o, str) for o in outs)
-    assert outs == gen.generate(qs, pos, 0, np.random.default_rng(0))  # seeded
-    # Through build_pairs: random-model text is rejected or accepted, but always counted.
-    correct = np.array([1, 0, 1, 0, 0, 1], bool)
-    comps = [pos[0], "x", pos[1], "x", "x", pos[2]]
-    pairs, stats = build_pairs(qs, ["18", "4", "7"], comps, correct, 2, gen, verifier,
-                               rng=np.random.default_rng(1), max_tries=1)
-    assert stats["negative_tries"] == 3
-    assert stats["n_valid"] + sum(stats["rejects"].values()) == 3
-    assert stats["dropped_max_tries"] == 3 - stats["n_valid"]
+  # Jitted: eager init of a 49152-row embedding is twice as slow on the CPU.
+  params = jax.jit(init_params, static_argnums=0)(TINY_SMOL, jax.random.key(0))
+  gen = make_negative_generator(
+    "llm_rewrite", cfg=TINY_SMOL, params=params, tokenizer=tok, max_new_tokens=8
+  )
+  assert isinstance(gen, LLMRewriteNegatives) and gen.temperature == 0.7
+  qs = ["What is 3*6?", "What is 2+2?", "Name a prime."]
+  pos = ["3*6 = \\boxed{18}", "2+2 = \\boxed{4}", "\\boxed{7}"]
+  chat = gen.chat_prompts(qs, pos)
+  assert REWRITE_SYSTEM in chat[0] and pos[0] in chat[0] and qs[0] in chat[0]
+  assert chat[0] == tok.chat_prompt(rewrite_prompt(qs[0], pos[0]), system=REWRITE_SYSTEM)
+  outs = gen.generate(qs, pos, 0, np.random.default_rng(0))  # 3 rows, padded to 4
+  assert len(outs) == 3 and all(isinstance(o, str) for o in outs)
+  assert outs == gen.generate(qs, pos, 0, np.random.default_rng(0))  # seeded
+  # Through build_pairs: random-model text is rejected or accepted, but always counted.
+  correct = np.array([1, 0, 1, 0, 0, 1], bool)
+  comps = [pos[0], "x", pos[1], "x", "x", pos[2]]
+  pairs, stats = build_pairs(
+    qs,
+    ["18", "4", "7"],
+    comps,
+    correct,
+    2,
+    gen,
+    verifier,
+    rng=np.random.default_rng(1),
+    max_tries=1,
+  )
+  assert stats["negative_tries"] == 3
+  assert stats["n_valid"] + sum(stats["rejects"].values()) == 3
+  assert stats["dropped_max_tries"] == 3 - stats["n_valid"]

@@ -28,11 +28,18 @@ def load_fixture(path=FIXTURE) -> dict:
   with np.load(path) as z:
     n = sum(1 for k in z.files if k.startswith("tokens_"))
     per = lambda key: [z[f"{key}_{i}"] for i in range(n)]
-    return {"tokens": per("tokens"), "sub_logits": per("sub_logits"), "top_ids": per("top_ids"),
-            "top_logits": per("top_logits"), "last_logits": per("last_logits"),
-            "greedy": per("greedy"), "subset_ids": z["subset_ids"],
-            "eos_ids": tuple(int(i) for i in z["eos_ids"]), "n_new": int(z["n_new"]),
-            "meta": json.loads(str(z["meta_json"]))}
+    return {
+      "tokens": per("tokens"),
+      "sub_logits": per("sub_logits"),
+      "top_ids": per("top_ids"),
+      "top_logits": per("top_logits"),
+      "last_logits": per("last_logits"),
+      "greedy": per("greedy"),
+      "subset_ids": z["subset_ids"],
+      "eos_ids": tuple(int(i) for i in z["eos_ids"]),
+      "n_new": int(z["n_new"]),
+      "meta": json.loads(str(z["meta_json"])),
+    }
 
 
 def left_pad(rows, pad_id=PAD_ID, multiple=PAD_TO_MULTIPLE):
@@ -40,13 +47,14 @@ def left_pad(rows, pad_id=PAD_ID, multiple=PAD_TO_MULTIPLE):
   tokens = np.full((len(rows), t), pad_id, np.int32)
   mask = np.zeros((len(rows), t), bool)
   for i, r in enumerate(rows):
-    tokens[i, t - len(r):] = r
-    mask[i, t - len(r):] = True
+    tokens[i, t - len(r) :] = r
+    mask[i, t - len(r) :] = True
   return tokens, mask
 
 
 def load_model():
   from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
+
   return load_pretrained("smollm2-135m-instruct")
 
 
@@ -56,18 +64,33 @@ def logit_diffs(fx, logits_btv, mask_bt) -> dict[str, float]:
   for i in range(len(fx["tokens"])):
     real_tv = logits_btv[i, mask_bt[i]]
     assert real_tv.shape[0] == len(fx["tokens"][i])
-    out["subset"] = max(out["subset"], float(np.max(np.abs(
-        real_tv[:, fx["subset_ids"]] - fx["sub_logits"][i]))))
-    out["top"] = max(out["top"], float(np.max(np.abs(
-        np.take_along_axis(real_tv, fx["top_ids"][i], axis=-1) - fx["top_logits"][i]))))
+    out["subset"] = max(
+      out["subset"], float(np.max(np.abs(real_tv[:, fx["subset_ids"]] - fx["sub_logits"][i])))
+    )
+    out["top"] = max(
+      out["top"],
+      float(
+        np.max(np.abs(np.take_along_axis(real_tv, fx["top_ids"][i], axis=-1) - fx["top_logits"][i]))
+      ),
+    )
     out["last"] = max(out["last"], float(np.max(np.abs(real_tv[-1] - fx["last_logits"][i]))))
   return out
 
 
 def run_greedy(cfg, params, fx, tokens, mask):
   from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
-  out = sample(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.PRNGKey(0), cfg=cfg,
-               max_new_tokens=fx["n_new"], temperature=0.0, eos_ids=fx["eos_ids"], pad_id=PAD_ID)
+
+  out = sample(
+    params,
+    jnp.asarray(tokens),
+    jnp.asarray(mask),
+    jax.random.PRNGKey(0),
+    cfg=cfg,
+    max_new_tokens=fx["n_new"],
+    temperature=0.0,
+    eos_ids=fx["eos_ids"],
+    pad_id=PAD_ID,
+  )
   toks, m = np.asarray(out.tokens), np.asarray(out.mask)
   return [toks[i][m[i]] for i in range(len(toks))]
 
@@ -99,8 +122,7 @@ def test_fixture_is_self_consistent(fx):
   for i, t in enumerate(fx["tokens"]):
     assert fx["sub_logits"][i].shape == (len(t), len(fx["subset_ids"]))
     assert fx["top_ids"][i].shape == fx["top_logits"][i].shape == (len(t), 8)
-    np.testing.assert_array_equal(fx["last_logits"][i][fx["subset_ids"]],
-                                  fx["sub_logits"][i][-1])
+    np.testing.assert_array_equal(fx["last_logits"][i][fx["subset_ids"]], fx["sub_logits"][i][-1])
     g = fx["greedy"][i]
     assert 0 < len(g) <= fx["n_new"]
     assert len(g) == fx["n_new"] or g[-1] in fx["eos_ids"]
@@ -108,15 +130,18 @@ def test_fixture_is_self_consistent(fx):
 
 def test_logits_match_hf(model, fx, batch):
   from cooper_jax.models.transformer import forward  # pylint: disable=import-outside-toplevel
+
   cfg, params = model
   tokens, mask = batch
   logits = np.asarray(jax.jit(forward, static_argnums=0)(cfg, params, tokens, mask))
   assert logits.shape == (*tokens.shape, cfg.vocab_size)
   assert np.isfinite(logits[mask]).all()
   d = logit_diffs(fx, logits, mask)
-  print(f"\nparity vs HF {fx['meta']['versions']['transformers']} (batch {tokens.shape}, left "
-        f"padded): max |dlogit| subset {d['subset']:.3e}, top-8 {d['top']:.3e}, "
-        f"last-position full vocab {d['last']:.3e}")
+  print(
+    f"\nparity vs HF {fx['meta']['versions']['transformers']} (batch {tokens.shape}, left "
+    f"padded): max |dlogit| subset {d['subset']:.3e}, top-8 {d['top']:.3e}, "
+    f"last-position full vocab {d['last']:.3e}"
+  )
   assert max(d.values()) < LOGIT_ATOL, d
 
 
@@ -132,13 +157,17 @@ def test_greedy_matches_hf(model, fx, batch):
 # --------------------------------------------------------------------------- script entry point
 def main(path=FIXTURE) -> None:
   from cooper_jax.models.transformer import forward  # pylint: disable=import-outside-toplevel
+
   data = load_fixture(path)
   cfg, params = load_model()
   tokens, mask = left_pad(data["tokens"])
   logits = np.asarray(jax.jit(forward, static_argnums=0)(cfg, params, tokens, mask))
   d = logit_diffs(data, logits, mask)
-  print(f"JAX vs HF max |dlogit| (left-padded batch {tokens.shape}): "
-        + ", ".join(f"{k} {v:.3e}" for k, v in d.items()) + f"  (bound {LOGIT_ATOL:g})")
+  print(
+    f"JAX vs HF max |dlogit| (left-padded batch {tokens.shape}): "
+    + ", ".join(f"{k} {v:.3e}" for k, v in d.items())
+    + f"  (bound {LOGIT_ATOL:g})"
+  )
   ours = run_greedy(cfg, params, data, tokens, mask)
   for i, (got, want) in enumerate(zip(ours, data["greedy"])):
     same = len(got) == len(want) and bool(np.all(got == want))

@@ -65,8 +65,10 @@ def test_solution_arithmetic_and_boxed_answer(rows):
 
 
 def test_difficulty_shapes(rows):
-  n_lines = {d: {len(arith.parse_solution(r["solution"])) for r in rows if r["difficulty"] == d}
-             for d in (1, 2, 3)}
+  n_lines = {
+    d: {len(arith.parse_solution(r["solution"])) for r in rows if r["difficulty"] == d}
+    for d in (1, 2, 3)
+  }
   assert n_lines[1] == {1} and n_lines[2] == {2} and n_lines[3] <= {3, 4}
   big = max(int(r["answer"]) for r in rows if r["difficulty"] == 3)
   assert big > max(int(r["answer"]) for r in rows if r["difficulty"] == 1)
@@ -89,8 +91,11 @@ def test_wrong_solutions_differ_and_stay_consistent(rows):
     want = arith.parse_solution(r["solution"])
     assert len(got) == len(want)
     assert all(min(x, y, z) >= 0 for x, _, y, z in got)
-    wrong_lines = [ln for ln in got
-                   if ln[3] != {"+": ln[0] + ln[2], "-": ln[0] - ln[2], "*": ln[0] * ln[2]}[ln[1]]]
+    wrong_lines = [
+      ln
+      for ln in got
+      if ln[3] != {"+": ln[0] + ln[2], "-": ln[0] - ln[2], "*": ln[0] * ln[2]}[ln[1]]
+    ]
     assert len(wrong_lines) <= 1  # one slip (a misread operand leaves every line "correct")
   assert _wrong(rows[:20], seed=1) == _wrong(rows[:20], seed=1)
 
@@ -106,8 +111,9 @@ def test_bad_input_errors():
 
 def test_write_split_loads_and_excludes(tmp_path):
   test = arith.write_split(tmp_path / "test.jsonl", 30, seed=1)
-  train = arith.write_split(tmp_path / "train.jsonl", 30, seed=2,
-                            exclude_questions={r["question"] for r in test})
+  train = arith.write_split(
+    tmp_path / "train.jsonl", 30, seed=2, exclude_questions={r["question"] for r in test}
+  )
   assert not {r["question"] for r in test} & {r["question"] for r in train}
   loaded, report = load_qa(str(tmp_path / "test.jsonl"))
   assert report.rows == 30 and [r["answer"] for r in loaded] == [r["answer"] for r in test]
@@ -143,8 +149,17 @@ def test_tokenizer_digits_and_specials(tok):
 # ------------------------------------------------------------------------------ SFT
 @pytest.fixture(scope="module")
 def tiny(tok):
-  cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                    head_dim=8, d_ff=64, tie_embeddings=True, pad_id=tok.pad_id)
+  cfg = ModelConfig(
+    vocab_size=tok.vocab_size,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    d_ff=64,
+    tie_embeddings=True,
+    pad_id=tok.pad_id,
+  )
   # Jitted: eager Flax init runs the scanned layers op by op (tens of seconds on a busy CPU).
   params = jax.device_get(jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0)))
   return cfg, params
@@ -153,14 +168,17 @@ def tiny(tok):
 def test_sft_loss_matches_hand_computed_ce(tok, rows, tiny):
   cfg, params = tiny
   prompt = build_prompts(tok, [rows[0]["question"]])[0]
-  batch = sft.encode_sft_batch(tok, [prompt], [rows[0]["solution"]], max_len=256,
-                               pad_to_multiple=32)
+  batch = sft.encode_sft_batch(
+    tok, [prompt], [rows[0]["solution"]], max_len=256, pad_to_multiple=32
+  )
   p_ids, r_ids = tok.encode(prompt), tok.encode(rows[0]["solution"]) + [tok.eos_id]
   assert batch["tokens"].shape[1] % 32 == 0 and batch["tokens"].shape[1] > len(p_ids + r_ids)
   assert batch["loss_mask"].sum() == len(r_ids)
 
-  logits = np.asarray(jax.jit(lambda p, t, m: forward(cfg, p, t, m))(
-      params, batch["tokens"], batch["mask"]), np.float64)[0]
+  logits = np.asarray(
+    jax.jit(lambda p, t, m: forward(cfg, p, t, m))(params, batch["tokens"], batch["mask"]),
+    np.float64,
+  )[0]
   logp = logits - logits.max(-1, keepdims=True)
   logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
   # Response token k (at position len(p)+k) is predicted from position len(p)+k-1.
@@ -172,14 +190,31 @@ def test_sft_loss_matches_hand_computed_ce(tok, rows, tiny):
 
 def test_sft_step_decreases_loss(tok, rows, tiny):
   cfg, params = tiny
-  opt = optim.make_optimizer(ml_collections.ConfigDict(dict(
-      lr=1e-2, schedule="constant", warmup_steps=0, total_steps=10, end_lr_frac=0.0,
-      b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0)))
+  opt = optim.make_optimizer(
+    ml_collections.ConfigDict(
+      dict(
+        lr=1e-2,
+        schedule="constant",
+        warmup_steps=0,
+        total_steps=10,
+        end_lr_frac=0.0,
+        b1=0.9,
+        b2=0.95,
+        eps=1e-8,
+        weight_decay=0.0,
+        grad_clip=1.0,
+      )
+    )
+  )
   mesh = sharding.make_mesh(1, 1, 1)
   # A copy of the host params: the step donates its state.
   state = sharding.shard_tree(steps.init_state(jax.tree.map(np.array, params), opt), mesh)
-  batch = sft.encode_sft_batch(tok, build_prompts(tok, [r["question"] for r in rows[:4]]),
-                               [r["solution"] for r in rows[:4]], max_len=256)
+  batch = sft.encode_sft_batch(
+    tok,
+    build_prompts(tok, [r["question"] for r in rows[:4]]),
+    [r["solution"] for r in rows[:4]],
+    max_len=256,
+  )
   step = sft.make_sft_step(cfg, opt, mesh, state, batch)
   losses = []
   for _ in range(6):

@@ -32,8 +32,12 @@ def test_condition_summary_means_over_seeds_then_problems():
 
 
 def test_curves_keep_steps_every_seed_has():
-  runs = {"c": [[{"step": 0, "x": 1.0}, {"step": 5, "x": 3.0}],
-                [{"step": 0, "x": 3.0}, {"step": 5, "x": 5.0}, {"step": 10, "x": 9.0}]]}
+  runs = {
+    "c": [
+      [{"step": 0, "x": 1.0}, {"step": 5, "x": 3.0}],
+      [{"step": 0, "x": 3.0}, {"step": 5, "x": 5.0}, {"step": 10, "x": 9.0}],
+    ]
+  }
   steps, mean, lo, hi = study.curves(runs, "x")["c"]
   np.testing.assert_array_equal(steps, [0, 5])
   np.testing.assert_allclose(mean, [2.0, 4.0])

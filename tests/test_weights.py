@@ -26,36 +26,85 @@ VOCAB, D, LAYERS, N_HEADS, N_KV, D_FF = 64, 32, 2, 4, 2, 48
 
 # As transformers 4.4x writes them (LlamaConfig / Qwen2Config .to_json_file()).
 LLAMA_TIED = {
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-    "bos_token_id": 1, "eos_token_id": 2, "head_dim": 16,  # != hidden_size / heads on purpose
-    "hidden_act": "silu", "hidden_size": D, "initializer_range": 0.02, "intermediate_size": D_FF,
-    "max_position_embeddings": 128, "mlp_bias": False, "model_type": "llama",
-    "num_attention_heads": N_HEADS, "num_hidden_layers": LAYERS, "num_key_value_heads": N_KV,
-    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0,
-    "tie_word_embeddings": True, "torch_dtype": "float32", "transformers_version": "4.46.3",
-    "use_cache": True, "vocab_size": VOCAB,
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": False,
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "head_dim": 16,  # != hidden_size / heads on purpose
+  "hidden_act": "silu",
+  "hidden_size": D,
+  "initializer_range": 0.02,
+  "intermediate_size": D_FF,
+  "max_position_embeddings": 128,
+  "mlp_bias": False,
+  "model_type": "llama",
+  "num_attention_heads": N_HEADS,
+  "num_hidden_layers": LAYERS,
+  "num_key_value_heads": N_KV,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": None,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": True,
+  "torch_dtype": "float32",
+  "transformers_version": "4.46.3",
+  "use_cache": True,
+  "vocab_size": VOCAB,
 }
 QWEN2_LM = {
-    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
-    "eos_token_id": [2, 3], "hidden_act": "silu", "hidden_size": D, "initializer_range": 0.02,
-    "intermediate_size": D_FF, "max_position_embeddings": 256, "max_window_layers": LAYERS,
-    "model_type": "qwen2", "num_attention_heads": N_HEADS, "num_hidden_layers": LAYERS,
-    "num_key_value_heads": N_KV, "rms_norm_eps": 1e-06, "rope_scaling": None,
-    "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False,
-    "torch_dtype": "float32", "transformers_version": "4.46.3", "use_cache": True,
-    "use_sliding_window": False, "vocab_size": VOCAB,
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": [2, 3],
+  "hidden_act": "silu",
+  "hidden_size": D,
+  "initializer_range": 0.02,
+  "intermediate_size": D_FF,
+  "max_position_embeddings": 256,
+  "max_window_layers": LAYERS,
+  "model_type": "qwen2",
+  "num_attention_heads": N_HEADS,
+  "num_hidden_layers": LAYERS,
+  "num_key_value_heads": N_KV,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": None,
+  "rope_theta": 1000000.0,
+  "sliding_window": None,
+  "tie_word_embeddings": False,
+  "torch_dtype": "float32",
+  "transformers_version": "4.46.3",
+  "use_cache": True,
+  "use_sliding_window": False,
+  "vocab_size": VOCAB,
 }
 # transformers 5 style: rope_parameters, dtype; a reward model with one label.
 QWEN2_SCORE = {
-    "architectures": ["Qwen2ForSequenceClassification"], "attention_dropout": 0.0,
-    "bos_token_id": None, "dtype": "float32", "eos_token_id": 2, "hidden_act": "silu",
-    "hidden_size": D, "id2label": {"0": "LABEL_0"}, "initializer_range": 0.02,
-    "intermediate_size": D_FF, "label2id": {"LABEL_0": 0}, "max_position_embeddings": 256,
-    "model_type": "qwen2", "num_attention_heads": N_HEADS, "num_hidden_layers": LAYERS,
-    "num_key_value_heads": N_KV, "num_labels": 1, "pad_token_id": 0, "rms_norm_eps": 1e-06,
-    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
-    "tie_word_embeddings": False, "transformers_version": "5.0.0", "use_cache": True,
-    "use_sliding_window": False, "vocab_size": VOCAB,
+  "architectures": ["Qwen2ForSequenceClassification"],
+  "attention_dropout": 0.0,
+  "bos_token_id": None,
+  "dtype": "float32",
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": D,
+  "id2label": {"0": "LABEL_0"},
+  "initializer_range": 0.02,
+  "intermediate_size": D_FF,
+  "label2id": {"LABEL_0": 0},
+  "max_position_embeddings": 256,
+  "model_type": "qwen2",
+  "num_attention_heads": N_HEADS,
+  "num_hidden_layers": LAYERS,
+  "num_key_value_heads": N_KV,
+  "num_labels": 1,
+  "pad_token_id": 0,
+  "rms_norm_eps": 1e-06,
+  "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+  "tie_word_embeddings": False,
+  "transformers_version": "5.0.0",
+  "use_cache": True,
+  "use_sliding_window": False,
+  "vocab_size": VOCAB,
 }
 
 
@@ -104,8 +153,10 @@ def write_ckpt(path: Path, hf: dict, tensors: dict[str, np.ndarray], shards: int
     part = {n: tensors[n] for n in names[s::shards]}
     save_file(part, str(path / fname), metadata={"format": "pt"})
     weight_map.update({n: fname for n in part})
-  index = {"metadata": {"total_size": int(sum(a.nbytes for a in tensors.values()))},
-           "weight_map": weight_map}
+  index = {
+    "metadata": {"total_size": int(sum(a.nbytes for a in tensors.values()))},
+    "weight_map": weight_map,
+  }
   (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
   return path
 
@@ -232,8 +283,9 @@ def test_wrong_shape_is_named_with_both_shapes(ckpts, tmp_path):
 
 def test_unexpected_tensor_is_reported(ckpts, tmp_path):
   _, hf, tensors = ckpts["llama_tied"]
-  extra = dict(tensors, **{"model.layers.0.self_attn.extra_proj.weight": np.zeros((4, 4),
-                                                                                  np.float32)})
+  extra = dict(
+    tensors, **{"model.layers.0.self_attn.extra_proj.weight": np.zeros((4, 4), np.float32)}
+  )
   with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.extra_proj\.weight"):
     load_hf_dir(write_ckpt(tmp_path / "extra", hf, extra))
 
@@ -249,10 +301,13 @@ def test_tied_checkpoint_may_also_store_lm_head(ckpts, tmp_path):
 
 def test_unsupported_configs_are_refused(ckpts, tmp_path):
   _, hf, tensors = ckpts["llama_tied"]
-  for i, (key, value, pattern) in enumerate([
+  for i, (key, value, pattern) in enumerate(
+    [
       ("model_type", "mistral", "model_type"),
       ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "rope scaling"),
-      ("attention_bias", True, "attention_bias")]):
+      ("attention_bias", True, "attention_bias"),
+    ]
+  ):
     with pytest.raises(ValueError, match=pattern):
       load_hf_dir(write_ckpt(tmp_path / f"bad{i}", dict(hf, **{key: value}), tensors))
   two_labels = dict(QWEN2_SCORE, id2label={"0": "A", "1": "B"}, label2id={"A": 0, "B": 1})
@@ -282,8 +337,9 @@ def test_score_head_on_causal_lm(ckpts, tmp_path, name):
   want = {n for n in tensors if n != "lm_head.weight"} | {"score.weight"}
   assert set(exported) == want
   hf_out = json.loads((out / "config.json").read_text())
-  assert hf_out["architectures"] == [hf["architectures"][0].replace("ForCausalLM",
-                                                                    "ForSequenceClassification")]
+  assert hf_out["architectures"] == [
+    hf["architectures"][0].replace("ForCausalLM", "ForSequenceClassification")
+  ]
   assert hf_out["num_labels"] == 1
   cfg2, p2 = load_hf_dir(out)
   assert cfg2.head == "score"
@@ -358,8 +414,8 @@ def test_logits_match_numpy_reference(ckpts, name):
   tokens = np.zeros((len(rows), width), np.int32)
   mask = np.zeros((len(rows), width), bool)
   for i, r in enumerate(rows):
-    tokens[i, width - len(r):] = r
-    mask[i, width - len(r):] = True
+    tokens[i, width - len(r) :] = r
+    mask[i, width - len(r) :] = True
   out = np.asarray(forward(cfg, params, tokens, mask))
   for i, r in enumerate(rows):
     ref = reference_forward(hf, tensors, r)
@@ -374,8 +430,9 @@ def test_logits_match_numpy_reference(ckpts, name):
 # ------------------------------------------------------------------------------------- GGUF
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
   """convert_hf_to_gguf.py LlamaModel.permute (HF rotate-half rows -> interleaved pairs)."""
-  return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-          .swapaxes(1, 2).reshape(w.shape))
+  return (
+    w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+  )
 
 
 @pytest.mark.parametrize("n_heads", [9, 3])
@@ -407,13 +464,17 @@ def test_gguf_f32_loads_like_hf_dir(ckpts, tmp_path):
   w.add_vocab_size(VOCAB)
   w.add_bos_token_id(hf["bos_token_id"])
   w.add_eos_token_id(hf["eos_token_id"])
-  names = {"input_layernorm.weight": "attn_norm.weight",
-           "post_attention_layernorm.weight": "ffn_norm.weight",
-           "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-           "self_attn.v_proj.weight": "attn_v.weight",
-           "self_attn.o_proj.weight": "attn_output.weight",
-           "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-           "mlp.down_proj.weight": "ffn_down.weight"}
+  names = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+  }
   w.add_tensor("token_embd.weight", tensors["model.embed_tokens.weight"])
   w.add_tensor("output_norm.weight", tensors["model.norm.weight"])
   for i in range(LAYERS):
@@ -431,8 +492,20 @@ def test_gguf_f32_loads_like_hf_dir(ckpts, tmp_path):
   cfg_g, p_g = load_gguf(tmp_path / "tiny.gguf")
   cfg_h, p_h = load_hf_dir(src)
   assert cfg_g.tie_embeddings and cfg_g.head_dim == e
-  for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-                "rope_theta", "qkv_bias", "tie_embeddings", "bos_id", "eos_id"):
+  for field in (
+    "vocab_size",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "d_ff",
+    "rope_theta",
+    "qkv_bias",
+    "tie_embeddings",
+    "bos_id",
+    "eos_id",
+  ):
     assert getattr(cfg_g, field) == getattr(cfg_h, field), field
   assert cfg_g.rms_eps == pytest.approx(cfg_h.rms_eps)
   assert_tree_equal(p_g, p_h)

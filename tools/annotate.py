@@ -38,7 +38,7 @@ LABELS = (1, 0, -1)  # confusion-matrix order: positive, negative, undecided
 
 # ---------------------------------------------------------------------------------- pure logic
 def parse_policies(spec: str, default_temperature: float) -> list[tuple[str, float]]:
-  """"a@0.7,b" -> [("a", 0.7), ("b", default)]. Only a numeric suffix after the last '@' is
+  """ "a@0.7,b" -> [("a", 0.7), ("b", default)]. Only a numeric suffix after the last '@' is
   a temperature, so a path that contains '@' still works."""
   out = []
   for item in (s.strip() for s in spec.split(",")):
@@ -61,7 +61,7 @@ def parse_policies(spec: str, default_temperature: float) -> list[tuple[str, flo
 
 def out_paths(out: str) -> dict[str, Path]:
   path = Path(out)
-  base = str(path)[:-len(".jsonl")] if path.name.endswith(".jsonl") else str(path)
+  base = str(path)[: -len(".jsonl")] if path.name.endswith(".jsonl") else str(path)
   return {"all": path, "kept": Path(base + ".kept.jsonl"), "stats": Path(base + ".stats.json")}
 
 
@@ -90,16 +90,21 @@ def agreement_filter(rule_labels: Sequence[int], judge_labels: Sequence[int]):
     pe = pr * pj + (1 - pr) * (1 - pj)
     kappa = None if pe >= 1.0 else float((po - pe) / (1 - pe))
   stats = {
-      "n": int(r.size), "kept": int(kept.size), "both_decided": nd,
-      "rule_undecided": int((r < 0).sum()), "judge_undecided": int((j < 0).sum()),
-      "agreement_rate": float(kept.size / r.size) if r.size else None,
-      "agreement_rate_decided": float(kept.size / nd) if nd else None,
-      "cohen_kappa": kappa,
-      "rule_positive_rate": float((r == 1).mean()) if r.size else None,
-      "judge_positive_rate": float((j == 1).mean()) if j.size else None,
-      "kept_positive": int((r[kept] == 1).sum()), "kept_negative": int((r[kept] == 0).sum()),
-      "confusion": {f"rule={a}": {f"judge={b}": int(((r == a) & (j == b)).sum()) for b in LABELS}
-                    for a in LABELS},
+    "n": int(r.size),
+    "kept": int(kept.size),
+    "both_decided": nd,
+    "rule_undecided": int((r < 0).sum()),
+    "judge_undecided": int((j < 0).sum()),
+    "agreement_rate": float(kept.size / r.size) if r.size else None,
+    "agreement_rate_decided": float(kept.size / nd) if nd else None,
+    "cohen_kappa": kappa,
+    "rule_positive_rate": float((r == 1).mean()) if r.size else None,
+    "judge_positive_rate": float((j == 1).mean()) if j.size else None,
+    "kept_positive": int((r[kept] == 1).sum()),
+    "kept_negative": int((r[kept] == 0).sum()),
+    "confusion": {
+      f"rule={a}": {f"judge={b}": int(((r == a) & (j == b)).sum()) for b in LABELS} for a in LABELS
+    },
   }
   return kept, stats
 
@@ -108,19 +113,23 @@ def format_stats(stats: dict) -> str:
   """Human-readable summary of an annotation run's stats."""
   a = stats["agreement"]
   fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
-  lines = [f"triples {a['n']}, kept {a['kept']} (positive {a['kept_positive']}, negative "
-           f"{a['kept_negative']}); agreement {fmt(a['agreement_rate'])} of all, "
-           f"{fmt(a['agreement_rate_decided'])} of both-decided; kappa {fmt(a['cohen_kappa'])}",
-           f"undecided: rule {a['rule_undecided']} {stats['rule_status_counts']}, judge "
-           f"{a['judge_undecided']} {stats['judge']['undecided_reasons']}",
-           "confusion (rows rule, columns judge = 1 / 0 / -1):"]
+  lines = [
+    f"triples {a['n']}, kept {a['kept']} (positive {a['kept_positive']}, negative "
+    f"{a['kept_negative']}); agreement {fmt(a['agreement_rate'])} of all, "
+    f"{fmt(a['agreement_rate_decided'])} of both-decided; kappa {fmt(a['cohen_kappa'])}",
+    f"undecided: rule {a['rule_undecided']} {stats['rule_status_counts']}, judge "
+    f"{a['judge_undecided']} {stats['judge']['undecided_reasons']}",
+    "confusion (rows rule, columns judge = 1 / 0 / -1):",
+  ]
   for ra in LABELS:
     row = a["confusion"][f"rule={ra}"]
     lines.append(f"  rule={ra:>2}: " + "  ".join(f"{row[f'judge={b}']:>5}" for b in LABELS))
   for g, s in stats["per_generator"].items():
-    lines.append(f"{g}: n {s['n']}, rule+ {fmt(s['rule_positive_rate'])}, judge+ "
-                 f"{fmt(s['judge_positive_rate'])}, agree {fmt(s['agreement_rate'])}, kept "
-                 f"{s['kept']} ({s['kept_positive']}+), truncated {s['truncated']}")
+    lines.append(
+      f"{g}: n {s['n']}, rule+ {fmt(s['rule_positive_rate'])}, judge+ "
+      f"{fmt(s['judge_positive_rate'])}, agree {fmt(s['agreement_rate'])}, kept "
+      f"{s['kept']} ({s['kept_positive']}+), truncated {s['truncated']}"
+    )
   return "\n".join(lines)
 
 
@@ -129,6 +138,7 @@ def _load_model(source: str, cache: dict):
   """(cfg, params, tokenizer); keeps the last loaded model so repeated sources load once."""
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
+
   if cache.get("source") != source:
     cache.clear()  # drop the previous model first: two in memory at once may not fit
     cfg, params = load_pretrained(source)
@@ -136,23 +146,44 @@ def _load_model(source: str, cache: dict):
   return cache["model"]
 
 
-def generate_all(cfg, params, tokenizer, questions: list[str], *, samples: int,
-                 temperature: float, top_p: float, max_new_tokens: int, batch_size: int, rng):
+def generate_all(
+  cfg,
+  params,
+  tokenizer,
+  questions: list[str],
+  *,
+  samples: int,
+  temperature: float,
+  top_p: float,
+  max_new_tokens: int,
+  batch_size: int,
+  rng,
+):
   """samples completions per question, question-major: (completions, ended-with-eos flags)."""
   import jax  # pylint: disable=import-outside-toplevel
+
   from cooper_jax.evaluate import build_prompts  # pylint: disable=import-outside-toplevel
   from cooper_jax.sampling import generate  # pylint: disable=import-outside-toplevel
+
   prompts = build_prompts(tokenizer, questions)  # chat template + INSTRUCTION_SUFFIX
   order = np.repeat(np.arange(len(questions)), samples)
   completions, ended = [], []
   for bi, start in enumerate(range(0, order.size, batch_size)):
-    idx = order[start:start + batch_size]
+    idx = order[start : start + batch_size]
     real = idx.size
     # Pad the last batch with copies (dropped below): one compiled shape for every batch.
     idx = np.concatenate([idx, np.full(batch_size - real, idx[-1])])
-    texts, out = generate(cfg, params, tokenizer, [prompts[i] for i in idx],
-                          jax.random.fold_in(rng, bi), max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_p=top_p, chat=False)
+    texts, out = generate(
+      cfg,
+      params,
+      tokenizer,
+      [prompts[i] for i in idx],
+      jax.random.fold_in(rng, bi),
+      max_new_tokens=max_new_tokens,
+      temperature=temperature,
+      top_p=top_p,
+      chat=False,
+    )
     toks, mask = np.asarray(out.tokens), np.asarray(out.mask)
     for r in range(real):
       n = int(mask[r].sum())
@@ -164,6 +195,7 @@ def generate_all(cfg, params, tokenizer, questions: list[str], *, samples: int,
 
 def run(a) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
+
   from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
   from cooper_jax.evaluate import atomic_write, atomic_write_json  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.judge import llm_judge  # pylint: disable=import-outside-toplevel
@@ -174,8 +206,9 @@ def run(a) -> dict:
   rows, report = load_qa(a.data, limit=a.limit)
   if not rows:
     raise ValueError(f"{a.data}: no rows")
-  logger.info("%d questions from %s (skipped %d bad rows)", len(rows), report.location,
-              report.skipped)
+  logger.info(
+    "%d questions from %s (skipped %d bad rows)", len(rows), report.location, report.skipped
+  )
   questions = [r["question"] for r in rows]
   triples, timings, cache = [], {}, {}
   base = jax.random.key(a.seed)
@@ -183,31 +216,56 @@ def run(a) -> dict:
     gen_name = f"{source}@{temp:g}"
     cfg, params, tok = _load_model(source, cache)
     t0 = time.perf_counter()
-    comps, ended = generate_all(cfg, params, tok, questions, samples=a.samples, temperature=temp,
-                                top_p=a.top_p, max_new_tokens=a.max_new_tokens,
-                                batch_size=a.batch_size, rng=jax.random.fold_in(base, gi))
+    comps, ended = generate_all(
+      cfg,
+      params,
+      tok,
+      questions,
+      samples=a.samples,
+      temperature=temp,
+      top_p=a.top_p,
+      max_new_tokens=a.max_new_tokens,
+      batch_size=a.batch_size,
+      rng=jax.random.fold_in(base, gi),
+    )
     timings[f"generate[{gen_name}]_s"] = time.perf_counter() - t0
     for k, (c, e) in enumerate(zip(comps, ended)):
       q = k // a.samples
       qid = str(rows[q].get("id", q))
-      triples.append({"id": f"{qid}#g{gi}s{k % a.samples}", "question_id": qid,
-                      "question": rows[q]["question"], "reference": str(rows[q]["answer"]),
-                      "completion": c, "generator": gen_name, "temperature": temp,
-                      "sample": k % a.samples, "ended": bool(e)})
+      triples.append(
+        {
+          "id": f"{qid}#g{gi}s{k % a.samples}",
+          "question_id": qid,
+          "question": rows[q]["question"],
+          "reference": str(rows[q]["answer"]),
+          "completion": c,
+          "generator": gen_name,
+          "temperature": temp,
+          "sample": k % a.samples,
+          "ended": bool(e),
+        }
+      )
   cache.clear()
 
   t0 = time.perf_counter()
   with RuleVerifier(a.workers) as verifier:
-    res = verifier.verify([t["completion"] for t in triples], [t["reference"] for t in triples],
-                          a.deadline_s)
+    res = verifier.verify(
+      [t["completion"] for t in triples], [t["reference"] for t in triples], a.deadline_s
+    )
   timings["rule_verify_s"] = time.perf_counter() - t0
   rule = np.where(np.isin(res.status, ["ok", "no_answer"]), np.asarray(res.correct, int), -1)
 
   jcfg, jparams, jtok = _load_model(a.judge, cache)
-  judge, jstats = llm_judge(jcfg, jparams, jtok, [t["question"] for t in triples],
-                            [t["reference"] for t in triples],
-                            [t["completion"] for t in triples], batch_size=a.batch_size,
-                            max_len=a.judge_max_len)
+  judge, jstats = llm_judge(
+    jcfg,
+    jparams,
+    jtok,
+    [t["question"] for t in triples],
+    [t["reference"] for t in triples],
+    [t["completion"] for t in triples],
+    batch_size=a.batch_size,
+    max_len=a.judge_max_len,
+  )
   timings["judge_s"] = jstats["wall_s"]
   p_yes = jstats.pop("p_yes")  # per item: goes into the triples, not the stats file
 
@@ -215,9 +273,15 @@ def run(a) -> dict:
   keep = np.zeros(len(triples), bool)
   keep[kept] = True
   for i, t in enumerate(triples):
-    t.update(rule_label=int(rule[i]), rule_status=res.status[i], rule_pred=res.pred[i],
-             judge_label=int(judge[i]), judge_p_yes=p_yes[i], agree=bool(keep[i]),
-             label=int(rule[i]) if keep[i] else None)
+    t.update(
+      rule_label=int(rule[i]),
+      rule_status=res.status[i],
+      rule_pred=res.pred[i],
+      judge_label=int(judge[i]),
+      judge_p_yes=p_yes[i],
+      agree=bool(keep[i]),
+      label=int(rule[i]) if keep[i] else None,
+    )
   per_gen = {}
   for g in dict.fromkeys(t["generator"] for t in triples):
     sel = np.array([t["generator"] == g for t in triples])
@@ -226,31 +290,48 @@ def run(a) -> dict:
     per_gen[g] = s
 
   paths = out_paths(a.out)
-  kept_keys = ("question", "reference", "completion", "label", "rule_label", "judge_label",
-               "generator", "temperature", "id")
-  write_lines = lambda recs: (lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n"
-                                                     for r in recs))
+  kept_keys = (
+    "question",
+    "reference",
+    "completion",
+    "label",
+    "rule_label",
+    "judge_label",
+    "generator",
+    "temperature",
+    "id",
+  )
+  write_lines = lambda recs: (
+    lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
+  )
   atomic_write(paths["all"], write_lines(triples))
   atomic_write(paths["kept"], write_lines([{k: triples[i][k] for k in kept_keys} for i in kept]))
   timings["wall_s"] = time.perf_counter() - t_start
   stats = {
-      "config": vars(a) | {"policies_parsed": policies, "data_location": report.location},
-      "data": {"questions": len(rows), "skipped_bad_rows": report.skipped},
-      "agreement": agreement, "per_generator": per_gen,
-      "rule_status_counts": {k: int(v) for k, v in res.counts.items()},
-      "rule_worker_restarts": int(res.worker_restarts),
-      "judge": jstats, "truncated_completions": int(sum(not t["ended"] for t in triples)),
-      "timings": timings, "files": {k: str(p) for k, p in paths.items()},
+    "config": vars(a) | {"policies_parsed": policies, "data_location": report.location},
+    "data": {"questions": len(rows), "skipped_bad_rows": report.skipped},
+    "agreement": agreement,
+    "per_generator": per_gen,
+    "rule_status_counts": {k: int(v) for k, v in res.counts.items()},
+    "rule_worker_restarts": int(res.worker_restarts),
+    "judge": jstats,
+    "truncated_completions": int(sum(not t["ended"] for t in triples)),
+    "timings": timings,
+    "files": {k: str(p) for k, p in paths.items()},
   }
   atomic_write_json(paths["stats"], stats)
   return stats
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--policies", required=True,
-                 help="comma list of model sources, each optionally source@temperature")
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  p.add_argument(
+    "--policies",
+    required=True,
+    help="comma list of model sources, each optionally source@temperature",
+  )
   p.add_argument("--data", default="gsm8k/train", help="any cooper_jax.data.load_qa source")
   p.add_argument("--limit", type=int, default=None, help="first N questions")
   p.add_argument("--samples", type=int, default=4, help="completions per question per policy")

@@ -76,14 +76,22 @@ def last_boxed(text: str) -> str | None:
 
 def _clean(text: str) -> str:
   """Undo LaTeX number dressing: \\$, {,} thousands, thin spaces, unicode minus."""
-  for a, b in (("{,}", ","), ("\\,", ""), ("\\!", ""), ("\\$", ""), ("$", ""), ("\u2212", "-"),
-               ("\\%", ""), ("%", "")):
+  for a, b in (
+    ("{,}", ","),
+    ("\\,", ""),
+    ("\\!", ""),
+    ("\\$", ""),
+    ("$", ""),
+    ("\u2212", "-"),
+    ("\\%", ""),
+    ("%", ""),
+  ):
     text = text.replace(a, b)
   return text
 
 
 def _as_int(number: str) -> int | None:
-  """"1,000" -> 1000, "42.0" -> 42, "42.5" -> None."""
+  """ "1,000" -> 1000, "42.0" -> 42, "42.5" -> None."""
   try:
     d = Decimal(number.replace(",", ""))
   except InvalidOperation:
@@ -165,14 +173,14 @@ def binary_metrics(pred, gold) -> dict:
     raise ValueError("gold labels must be 0/1 (drop undecidable items first)")
   c = [int(x.sum()) for x in _counts(pred, gold)]
   m = _from_counts(*c)
-  out = dict(zip(("tp", "fp", "fn", "tn"), c), n=int(gold.size),
-             undecided=int((pred < 0).sum()))
+  out = dict(zip(("tp", "fp", "fn", "tn"), c), n=int(gold.size), undecided=int((pred < 0).sum()))
   out.update({k: None if np.isnan(v) else float(v) for k, v in m.items()})
   return out
 
 
-def bootstrap_metrics(pred, gold, groups, n_resamples: int = 1000, seed: int = 0,
-                      alpha: float = 0.05) -> dict:
+def bootstrap_metrics(
+  pred, gold, groups, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> dict:
   """{metric: [lo, hi] or None, "undefined": {metric: resamples dropped}}; clusters = groups."""
   _, inv = np.unique(np.asarray(groups), return_inverse=True)
   n_groups = int(inv.max()) + 1 if inv.size else 0
@@ -186,25 +194,33 @@ def bootstrap_metrics(pred, gold, groups, n_resamples: int = 1000, seed: int = 0
   for k in METRICS:
     ok = ~np.isnan(ms[k])
     undefined[k] = int((~ok).sum())
-    out[k] = (None if not ok.any()
-              else [float(v) for v in np.quantile(ms[k][ok], [alpha / 2, 1 - alpha / 2])])
+    out[k] = (
+      None
+      if not ok.any()
+      else [float(v) for v in np.quantile(ms[k][ok], [alpha / 2, 1 - alpha / 2])]
+    )
   out["undefined"] = undefined
   return out
 
 
 # ---------------------------------------------------------------------------------- verifiers
-def rm_probs(rm_dir: str, questions, references, completions, *, batch_size: int,
-             max_len: int) -> tuple[np.ndarray, dict]:
+def rm_probs(
+  rm_dir: str, questions, references, completions, *, batch_size: int, max_len: int
+) -> tuple[np.ndarray, dict]:
   """sigmoid(RM score) per triple, input built only by rm_prompt.encode_rm_inputs."""
   import jax  # pylint: disable=import-outside-toplevel
+
   from cooper_jax import sharding, steps  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.rm_prompt import encode_rm_inputs  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
+
   cfg, params = load_pretrained(rm_dir)
   if cfg.head != "score":
-    raise ValueError(f"{rm_dir}: not a reward model (head={cfg.head!r}); --rm needs a "
-                     "*ForSequenceClassification directory")
+    raise ValueError(
+      f"{rm_dir}: not a reward model (head={cfg.head!r}); --rm needs a "
+      "*ForSequenceClassification directory"
+    )
   tok = load_tokenizer(rm_dir)
   # The same reward function training uses (sigmoid of the score head), on one device.
   reward_fn = steps.make_reward_fn(cfg, sharding.make_mesh(devices=jax.devices()[:1]), params)
@@ -212,17 +228,24 @@ def rm_probs(rm_dir: str, questions, references, completions, *, batch_size: int
   probs, n_trunc, t0 = np.zeros(n), 0, time.perf_counter()
   for start in range(0, n, batch_size):
     idx = np.arange(start, min(n, start + batch_size))
-    tokens, mask, cut = encode_rm_inputs(tok, [questions[i] for i in idx],
-                                         [references[i] for i in idx],
-                                         [completions[i] for i in idx], max_len,
-                                         pad_to_multiple=64)
+    tokens, mask, cut = encode_rm_inputs(
+      tok,
+      [questions[i] for i in idx],
+      [references[i] for i in idx],
+      [completions[i] for i in idx],
+      max_len,
+      pad_to_multiple=64,
+    )
     n_trunc += cut
     fill = batch_size - idx.size  # pad with copies of the last row: one compiled batch shape
     tokens = np.concatenate([tokens, np.repeat(tokens[-1:], fill, 0)])
     mask = np.concatenate([mask, np.repeat(mask[-1:], fill, 0)])
-    probs[idx] = np.asarray(reward_fn(params, tokens, mask))[:idx.size]
-  return probs, {"truncated_inputs": n_trunc, "max_len": max_len,
-                 "wall_s": time.perf_counter() - t0}
+    probs[idx] = np.asarray(reward_fn(params, tokens, mask))[: idx.size]
+  return probs, {
+    "truncated_inputs": n_trunc,
+    "max_len": max_len,
+    "wall_s": time.perf_counter() - t0,
+  }
 
 
 def load_items(path: str, limit: int | None) -> list[dict]:
@@ -243,13 +266,15 @@ def load_items(path: str, limit: int | None) -> list[dict]:
 
 def gold_labels(items: list[dict], mode: str) -> tuple[np.ndarray, dict]:
   """gold int8 per item, -1 = no gold (dropped, counted in the returned report)."""
-  file_label = np.array([-1 if it.get("label") is None else int(it["label"]) for it in items],
-                        np.int8)
+  file_label = np.array(
+    [-1 if it.get("label") is None else int(it["label"]) for it in items], np.int8
+  )
   report = {"mode": mode, "file_label_missing": int((file_label < 0).sum())}
   if mode == "label":
     return file_label, report
-  ei, _, counts = exact_int_labels([it["completion"] for it in items],
-                                   [it["reference"] for it in items])
+  ei, _, counts = exact_int_labels(
+    [it["completion"] for it in items], [it["reference"] for it in items]
+  )
   report["exact_int_how"] = counts
   if mode == "exact_int":
     return ei, report
@@ -262,21 +287,28 @@ def format_markdown(result: dict) -> str:
   pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}"
   cell = lambda m, ci: f"{pct(m)} ({pct(ci[0])}-{pct(ci[1])})" if ci else pct(m)
   g = result["gold"]
-  lines = [f"Gold: `{g['mode']}` on {result['n_gold']} of {result['n_items']} items "
-           f"({result['n_gold_positive']} positive), {result['n_questions']} questions; "
-           f"95% CI: question bootstrap, {result['config']['n_resamples']} resamples.", "",
-           "| verifier | precision | recall | F1 | accuracy | tp/fp/fn/tn | undecided |",
-           "|---|---|---|---|---|---|---|"]
+  lines = [
+    f"Gold: `{g['mode']}` on {result['n_gold']} of {result['n_items']} items "
+    f"({result['n_gold_positive']} positive), {result['n_questions']} questions; "
+    f"95% CI: question bootstrap, {result['config']['n_resamples']} resamples.",
+    "",
+    "| verifier | precision | recall | F1 | accuracy | tp/fp/fn/tn | undecided |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for name, r in result["verifiers"].items():
     m, ci = r["metrics"], r["ci95"]
-    lines.append(f"| {name} | " + " | ".join(cell(m[k], ci[k]) for k in METRICS)
-                 + f" | {m['tp']}/{m['fp']}/{m['fn']}/{m['tn']} | {m['undecided']} |")
+    lines.append(
+      f"| {name} | "
+      + " | ".join(cell(m[k], ci[k]) for k in METRICS)
+      + f" | {m['tp']}/{m['fp']}/{m['fn']}/{m['tn']} | {m['undecided']} |"
+    )
   lines += ["", f"Gold report: `{json.dumps(g)}`"]
   return "\n".join(lines) + "\n"
 
 
 def run(a) -> dict:
   from cooper_jax.evaluate import atomic_write, atomic_write_json  # pylint: disable=import-outside-toplevel
+
   t_start = time.perf_counter()
   items = load_items(a.data, a.limit)
   if not items:
@@ -293,42 +325,59 @@ def run(a) -> dict:
   verdicts, extra = {}, {}
   if not a.no_rule:
     from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
+
     with RuleVerifier(a.workers) as v:
       res = v.verify(comps, refs, a.deadline_s)
     verdicts["rule (math-verify)"] = np.where(
-        np.isin(res.status, ["ok", "no_answer"]), np.asarray(res.correct, int), -1)
-    extra["rule (math-verify)"] = {"status_counts": res.counts,
-                                   "worker_restarts": res.worker_restarts}
+      np.isin(res.status, ["ok", "no_answer"]), np.asarray(res.correct, int), -1
+    )
+    extra["rule (math-verify)"] = {
+      "status_counts": res.counts,
+      "worker_restarts": res.worker_restarts,
+    }
   if a.judge:
     from cooper_jax.rewards.judge import llm_judge  # pylint: disable=import-outside-toplevel
     from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
     from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
+
     jcfg, jparams = load_pretrained(a.judge)
-    labels, jstats = llm_judge(jcfg, jparams, load_tokenizer(a.judge), qs, refs, comps,
-                               batch_size=a.batch_size)
+    labels, jstats = llm_judge(
+      jcfg, jparams, load_tokenizer(a.judge), qs, refs, comps, batch_size=a.batch_size
+    )
     jstats.pop("p_yes")
     verdicts[f"LLM judge ({a.judge})"] = labels
     extra[f"LLM judge ({a.judge})"] = jstats
     del jparams
   if a.rm:
-    probs, rstats = rm_probs(a.rm, qs, refs, comps, batch_size=a.batch_size,
-                             max_len=a.rm_max_len)
+    probs, rstats = rm_probs(a.rm, qs, refs, comps, batch_size=a.batch_size, max_len=a.rm_max_len)
     verdicts[f"RM ({a.rm})"] = (probs > 0.5).astype(int)
     extra[f"RM ({a.rm})"] = rstats | {"mean_prob": float(probs.mean())}
-  result = {"config": vars(a), "n_items": n_all, "n_gold": int(gold.size),
-            "n_gold_positive": int(gold.sum()), "n_questions": len(set(groups)),
-            "gold": gold_report, "verifiers": {}}
+  result = {
+    "config": vars(a),
+    "n_items": n_all,
+    "n_gold": int(gold.size),
+    "n_gold_positive": int(gold.sum()),
+    "n_questions": len(set(groups)),
+    "gold": gold_report,
+    "verifiers": {},
+  }
   for name, pred in verdicts.items():
     result["verifiers"][name] = {
-        "metrics": binary_metrics(pred, gold),
-        "ci95": bootstrap_metrics(pred, gold, groups, a.n_resamples, a.seed),
-        "details": extra[name]}
+      "metrics": binary_metrics(pred, gold),
+      "ci95": bootstrap_metrics(pred, gold, groups, a.n_resamples, a.seed),
+      "details": extra[name],
+    }
   exact_how = exact_int_labels(comps, refs)[1]
 
   def write_items(f):
     for i, it in enumerate(items):
-      rec = {"id": it.get("id", str(i)), "gold": int(gold[i]), "exact_int_how": exact_how[i],
-             "reference": refs[i], "completion": comps[i]}
+      rec = {
+        "id": it.get("id", str(i)),
+        "gold": int(gold[i]),
+        "exact_int_how": exact_how[i],
+        "reference": refs[i],
+        "completion": comps[i],
+      }
       rec.update({name: int(pred[i]) for name, pred in verdicts.items()})
       f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
@@ -340,11 +389,16 @@ def run(a) -> dict:
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--data", required=True, help="JSONL of {question, reference, completion, label}")
-  p.add_argument("--gold", choices=("label", "exact_int", "cross"), default="label",
-                 help="where gold labels come from (see the module docstring)")
+  p.add_argument(
+    "--gold",
+    choices=("label", "exact_int", "cross"),
+    default="label",
+    help="where gold labels come from (see the module docstring)",
+  )
   p.add_argument("--rm", default=None, help="trained RM directory (*ForSequenceClassification)")
   p.add_argument("--judge", default=None, help="LLM judge model source")
   p.add_argument("--no_rule", action="store_true", help="skip the math-verify row")

@@ -74,38 +74,55 @@ def main() -> None:
   d, name = os.path.dirname(gguf_path), os.path.basename(gguf_path)
   tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
   t0 = time.time()
-  model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32,
-                                               attn_implementation="eager")
+  model = AutoModelForCausalLM.from_pretrained(
+    d, gguf_file=name, dtype=torch.float32, attn_implementation="eager"
+  )
   model.eval()
-  print(f"loaded HF model in {time.time() - t0:.1f}s: {type(model).__name__}, "
-        f"vocab {model.config.vocab_size}, tied {model.config.tie_word_embeddings}")
+  print(
+    f"loaded HF model in {time.time() - t0:.1f}s: {type(model).__name__}, "
+    f"vocab {model.config.vocab_size}, tied {model.config.tie_word_embeddings}"
+  )
   specials = list(tok.get_added_vocab())
 
   def encode(text: str) -> list[int]:
     ids: list[int] = []
     for piece, is_special in smollm_pieces(text, specials):
-      ids += [tok.convert_tokens_to_ids(piece)] if is_special else tok.encode(
-          piece, add_special_tokens=False)
+      ids += (
+        [tok.convert_tokens_to_ids(piece)]
+        if is_special
+        else tok.encode(piece, add_special_tokens=False)
+      )
     return ids
 
   vocab = model.config.vocab_size
   subset = np.sort(np.random.default_rng(SEED).choice(vocab, N_SUBSET, replace=False))
-  arrays: dict[str, np.ndarray] = {"subset_ids": subset.astype(np.int32),
-                                   "eos_ids": np.asarray(EOS_IDS, np.int32),
-                                   "n_new": np.asarray(N_NEW, np.int32)}
+  arrays: dict[str, np.ndarray] = {
+    "subset_ids": subset.astype(np.int32),
+    "eos_ids": np.asarray(EOS_IDS, np.int32),
+    "n_new": np.asarray(N_NEW, np.int32),
+  }
   prompts = []
   for i, q in enumerate(questions()):
-    text = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                   tokenize=False)
+    text = tok.apply_chat_template(
+      [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+    )
     ids = encode(text)
     prompts.append(text)
     x = torch.tensor([ids], dtype=torch.long)
     with torch.no_grad():
       logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0].float().numpy()
-      gen = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                           max_new_tokens=N_NEW, eos_token_id=list(EOS_IDS),
-                           pad_token_id=EOS_IDS[0], temperature=None, top_p=None, top_k=None)
-    new = gen[0, len(ids):].numpy()
+      gen = model.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        do_sample=False,
+        max_new_tokens=N_NEW,
+        eos_token_id=list(EOS_IDS),
+        pad_token_id=EOS_IDS[0],
+        temperature=None,
+        top_p=None,
+        top_k=None,
+      )
+    new = gen[0, len(ids) :].numpy()
     stop = np.flatnonzero(np.isin(new, EOS_IDS))
     new = new[: stop[0] + 1] if stop.size else new
     top = np.argsort(-logits, axis=-1, kind="stable")[:, :N_TOP]
@@ -115,24 +132,29 @@ def main() -> None:
     arrays[f"top_logits_{i}"] = np.take_along_axis(logits, top, axis=-1).astype(np.float32)
     arrays[f"last_logits_{i}"] = logits[-1].astype(np.float32)
     arrays[f"greedy_{i}"] = new.astype(np.int32)
-    print(f"prompt {i}: {len(ids)} tokens, greedy {len(new)} new: "
-          f"{tok.decode(new, skip_special_tokens=False)!r}")
+    print(
+      f"prompt {i}: {len(ids)} tokens, greedy {len(new)} new: "
+      f"{tok.decode(new, skip_special_tokens=False)!r}"
+    )
 
   meta = {
-      "generated_by": "tools/make_hf_fixture.py",
-      "gguf_file": name,
-      "reference": "transformers AutoModelForCausalLM.from_pretrained(dir, gguf_file=name, "
-                   "dtype=float32, attn_implementation='eager'), unpadded, one prompt at a "
-                   "time; greedy = generate(do_sample=False)",
-      "prompts": prompts,
-      "gsm8k_test_indices": list(GSM8K_INDICES),
-      "subset_seed": SEED,
-      "n_new": N_NEW,
-      "eos_ids": list(EOS_IDS),
-      "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                   "transformers": transformers.__version__,
-                   "gguf": getattr(gguf, "__version__", "unknown"),
-                   "numpy": np.__version__},
+    "generated_by": "tools/make_hf_fixture.py",
+    "gguf_file": name,
+    "reference": "transformers AutoModelForCausalLM.from_pretrained(dir, gguf_file=name, "
+    "dtype=float32, attn_implementation='eager'), unpadded, one prompt at a "
+    "time; greedy = generate(do_sample=False)",
+    "prompts": prompts,
+    "gsm8k_test_indices": list(GSM8K_INDICES),
+    "subset_seed": SEED,
+    "n_new": N_NEW,
+    "eos_ids": list(EOS_IDS),
+    "versions": {
+      "python": platform.python_version(),
+      "torch": torch.__version__,
+      "transformers": transformers.__version__,
+      "gguf": getattr(gguf, "__version__", "unknown"),
+      "numpy": np.__version__,
+    },
   }
   arrays["meta_json"] = np.asarray(json.dumps(meta, ensure_ascii=False))
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -144,8 +166,9 @@ def main() -> None:
 
   if not args.no_compare:
     print("comparing with the JAX model (project venv) ...")
-    subprocess.run([PROJECT_PY, os.path.join(REPO, "tests", "test_parity.py"), args.out],
-                   check=True, cwd=REPO)
+    subprocess.run(
+      [PROJECT_PY, os.path.join(REPO, "tests", "test_parity.py"), args.out], check=True, cwd=REPO
+    )
 
 
 if __name__ == "__main__":

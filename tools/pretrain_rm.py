@@ -34,8 +34,9 @@ SYNTHETIC_SOURCES = ("gold", "wrong_solution")
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--data", help="JSONL of {question, reference, completion, label}")
   src.add_argument("--from_policy", help="policy HF dir whose rollouts are labelled and used")
@@ -43,25 +44,33 @@ def parse_args(argv=None):
   p.add_argument("--heldout_frac", type=float, default=0.2)
   p.add_argument("--backbone", default=None, help="causal LM dir (default: --from_policy)")
   p.add_argument("--out", required=True, help="RM output dir (HF *ForSequenceClassification)")
-  p.add_argument("--triples_out", default=None,
-                 help="where --from_policy writes its triples (default OUT_triples.jsonl)")
+  p.add_argument(
+    "--triples_out",
+    default=None,
+    help="where --from_policy writes its triples (default OUT_triples.jsonl)",
+  )
   p.add_argument("--questions", default=None, help="{question, answer} JSONL for --from_policy")
   p.add_argument("--n_questions", type=int, default=600)
   p.add_argument("--samples", type=int, default=4, help="rollouts per question")
   p.add_argument("--temperature", type=float, default=1.0)
   p.add_argument("--max_new_tokens", type=int, default=96)
-  p.add_argument("--synthetic_questions", type=int, default=400,
-                 help="--from_policy: questions after the first --n_questions that add a gold "
-                      "(label 1) and a make_wrong_solution (label 0) triple to TRAINING only "
-                      "(arith rows; hard negatives, like Cooper's rewritten wrong solutions)")
+  p.add_argument(
+    "--synthetic_questions",
+    type=int,
+    default=400,
+    help="--from_policy: questions after the first --n_questions that add a gold "
+    "(label 1) and a make_wrong_solution (label 0) triple to TRAINING only "
+    "(arith rows; hard negatives, like Cooper's rewritten wrong solutions)",
+  )
   p.add_argument("--steps", type=int, default=1200)
   p.add_argument("--lr", type=float, default=2e-3)
   p.add_argument("--warmup", type=int, default=20)
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--max_examples", type=int, default=None, help="cap on training triples")
   p.add_argument("--max_len", type=int, default=256, help="RM input tokens (keeps the end)")
-  p.add_argument("--balance", action="store_true",
-                 help="weight classes equally in the loss (for skewed labels)")
+  p.add_argument(
+    "--balance", action="store_true", help="weight classes equally in the loss (for skewed labels)"
+  )
   p.add_argument("--eval_every", type=int, default=0, help="held-out eval every N steps")
   p.add_argument("--seed", type=int, default=0)
   a = p.parse_args(argv)
@@ -115,9 +124,19 @@ def policy_triples(a) -> list[dict]:
   cfg, params = load_pretrained(a.from_policy)
   tok = load_tokenizer(a.from_policy)
   with RuleVerifier(1) as verifier:
-    res = evaluate_model(cfg, params, tok, {"rollouts": rows}, samples=a.samples,
-                         temperature=a.temperature, top_p=1.0, max_new_tokens=a.max_new_tokens,
-                         batch_size=128, seed=a.seed, verifier=verifier)
+    res = evaluate_model(
+      cfg,
+      params,
+      tok,
+      {"rollouts": rows},
+      samples=a.samples,
+      temperature=a.temperature,
+      top_p=1.0,
+      max_new_tokens=a.max_new_tokens,
+      batch_size=128,
+      seed=a.seed,
+      verifier=verifier,
+    )
   by_id = {r.get("id", str(i)): r for i, r in enumerate(rows)}
   triples, dropped = [], 0
   for rec in res["records"]["rollouts"]:
@@ -126,62 +145,97 @@ def policy_triples(a) -> list[dict]:
       dropped += 1
       continue
     q = by_id[rec["id"]]
-    triples.append({"id": f"{rec['id']}-s{rec['sample']}", "question": q["question"],
-                    "reference": str(q["answer"]), "completion": rec["completion"],
-                    "label": int(rec["correct"]), "source": "policy_rollout"})
+    triples.append(
+      {
+        "id": f"{rec['id']}-s{rec['sample']}",
+        "question": q["question"],
+        "reference": str(q["answer"]),
+        "completion": rec["completion"],
+        "label": int(rec["correct"]),
+        "source": "policy_rollout",
+      }
+    )
   b = res["benchmarks"]["rollouts"]
-  print(f"rollouts: {b['rollouts']} on {len(rows)} questions, policy accuracy "
-        f"{b['accuracy']:.3f}, verifier {b['counts']}, dropped {dropped}, "
-        f"{b['throughput']['sample_s']:.0f}s sampling", flush=True)
+  print(
+    f"rollouts: {b['rollouts']} on {len(rows)} questions, policy accuracy "
+    f"{b['accuracy']:.3f}, verifier {b['counts']}, dropped {dropped}, "
+    f"{b['throughput']['sample_s']:.0f}s sampling",
+    flush=True,
+  )
   return triples
 
 
 def synthetic_triples(a) -> list[dict]:
   """Gold and one-slip wrong solutions for the questions after the first --n_questions."""
   from cooper_jax.tasks.arith import make_wrong_solution  # pylint: disable=import-outside-toplevel
+
   if a.synthetic_questions <= 0:
     return []
   with open(a.questions, encoding="utf-8") as f:
     rows = [json.loads(l) for l in f if l.strip()]
-  rows = rows[a.n_questions:a.n_questions + a.synthetic_questions]
+  rows = rows[a.n_questions : a.n_questions + a.synthetic_questions]
   if len(rows) < a.synthetic_questions:
-    print(f"warning: only {len(rows)} questions left for --synthetic_questions "
-          f"{a.synthetic_questions}", flush=True)
+    print(
+      f"warning: only {len(rows)} questions left for --synthetic_questions {a.synthetic_questions}",
+      flush=True,
+    )
   rng = np.random.default_rng([a.seed, 5])
   out = []
   for r in rows:
     if "solution" not in r:
-      raise ValueError(f"{a.questions}: row {r.get('id')!r} has no 'solution'; synthetic "
-                       "triples need arith rows (or pass --synthetic_questions 0)")
+      raise ValueError(
+        f"{a.questions}: row {r.get('id')!r} has no 'solution'; synthetic "
+        "triples need arith rows (or pass --synthetic_questions 0)"
+      )
     base = {"question": r["question"], "reference": str(r["answer"])}
-    out += [{**base, "id": f"{r.get('id')}-gold", "completion": r["solution"], "label": 1,
-             "source": "gold"},
-            {**base, "id": f"{r.get('id')}-wrong", "completion": make_wrong_solution(r, rng),
-             "label": 0, "source": "wrong_solution"}]
+    out += [
+      {
+        **base,
+        "id": f"{r.get('id')}-gold",
+        "completion": r["solution"],
+        "label": 1,
+        "source": "gold",
+      },
+      {
+        **base,
+        "id": f"{r.get('id')}-wrong",
+        "completion": make_wrong_solution(r, rng),
+        "label": 0,
+        "source": "wrong_solution",
+      },
+    ]
   return out
 
 
 def split_by_question(triples, frac: float, seed: int):
   questions = sorted({t["question"] for t in triples})
   rng = np.random.default_rng([seed, 3])
-  held = set(rng.permutation(len(questions))[:max(1, int(round(frac * len(questions))))].tolist())
+  held = set(rng.permutation(len(questions))[: max(1, int(round(frac * len(questions))))].tolist())
   held_q = {questions[i] for i in held}
-  return ([t for t in triples if t["question"] not in held_q],
-          [t for t in triples if t["question"] in held_q])
+  return (
+    [t for t in triples if t["question"] not in held_q],
+    [t for t in triples if t["question"] in held_q],
+  )
 
 
 def encode(tok, triples, max_len):
   from cooper_jax.rewards.rm_prompt import encode_rm_inputs  # pylint: disable=import-outside-toplevel
-  return encode_rm_inputs(tok, [t["question"] for t in triples],
-                          [t["reference"] for t in triples], [t["completion"] for t in triples],
-                          max_len, pad_to_multiple=32)
+
+  return encode_rm_inputs(
+    tok,
+    [t["question"] for t in triples],
+    [t["reference"] for t in triples],
+    [t["completion"] for t in triples],
+    max_len,
+    pad_to_multiple=32,
+  )
 
 
 def heldout_metrics(score_fn, params, tok, triples, max_len, batch=128) -> dict:
   """accuracy / precision / recall at sigmoid > 0.5 and the mean BCE, over all triples."""
   probs = []
   for s in range(0, len(triples), batch):
-    chunk = triples[s:s + batch]
+    chunk = triples[s : s + batch]
     tokens, mask, _ = encode(tok, chunk, max_len)
     probs.append(np.asarray(score_fn(params, tokens, mask)))
   p = np.concatenate(probs).astype(np.float64)
@@ -189,10 +243,15 @@ def heldout_metrics(score_fn, params, tok, triples, max_len, batch=128) -> dict:
   pred = p > 0.5  # as losses.bce_loss: logit > 0 (a zero head predicts "wrong")
   tp = float(np.sum(pred & y))
   eps = 1e-7
-  return {"n": int(y.size), "positive_rate": float(y.mean()), "accuracy": float(np.mean(pred == y)),
-          "precision": tp / max(float(pred.sum()), 1.0), "recall": tp / max(float(y.sum()), 1.0),
-          "predicted_positive_rate": float(pred.mean()),
-          "bce": float(-np.mean(y * np.log(p + eps) + (~y) * np.log(1 - p + eps)))}
+  return {
+    "n": int(y.size),
+    "positive_rate": float(y.mean()),
+    "accuracy": float(np.mean(pred == y)),
+    "precision": tp / max(float(pred.sum()), 1.0),
+    "recall": tp / max(float(y.sum()), 1.0),
+    "predicted_positive_rate": float(pred.mean()),
+    "bce": float(-np.mean(y * np.log(p + eps) + (~y) * np.log(1 - p + eps))),
+  }
 
 
 def main(argv=None) -> dict:
@@ -200,6 +259,7 @@ def main(argv=None) -> dict:
   t_start = time.perf_counter()
   import jax  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
+
   from cooper_jax import optim, sharding, steps  # pylint: disable=import-outside-toplevel
   from cooper_jax.evaluate import atomic_write_json  # pylint: disable=import-outside-toplevel
   from cooper_jax.tasks.arith import write_jsonl  # pylint: disable=import-outside-toplevel
@@ -226,21 +286,37 @@ def main(argv=None) -> dict:
   train_rows = train_rows + extra
   rng = np.random.default_rng([a.seed, 4])
   if a.max_examples is not None and a.max_examples < len(train_rows):
-    train_rows = [train_rows[i] for i in rng.permutation(len(train_rows))[:a.max_examples]]
+    train_rows = [train_rows[i] for i in rng.permutation(len(train_rows))[: a.max_examples]]
   if not train_rows or not held_rows:
-    raise ValueError(f"need training and held-out triples, got {len(train_rows)} and "
-                     f"{len(held_rows)}")
+    raise ValueError(
+      f"need training and held-out triples, got {len(train_rows)} and {len(held_rows)}"
+    )
   labels = np.asarray([t["label"] for t in train_rows], np.float32)
-  print(f"train {len(train_rows)} triples ({labels.mean():.1%} positive), held-out "
-        f"{len(held_rows)}", flush=True)
+  print(
+    f"train {len(train_rows)} triples ({labels.mean():.1%} positive), held-out {len(held_rows)}",
+    flush=True,
+  )
 
   tok = load_tokenizer(a.backbone)
   cfg, params = load_pretrained(a.backbone, head="score")
   if cfg.pad_id is None:
     cfg = cfg.replace(pad_id=tok.pad_id)  # HF's SequenceClassification needs it on export
-  opt = optim.make_optimizer(ml_collections.ConfigDict(dict(
-      lr=a.lr, schedule="warmup_cosine", warmup_steps=a.warmup, total_steps=max(a.steps, 1),
-      end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01, grad_clip=1.0)))
+  opt = optim.make_optimizer(
+    ml_collections.ConfigDict(
+      dict(
+        lr=a.lr,
+        schedule="warmup_cosine",
+        warmup_steps=a.warmup,
+        total_steps=max(a.steps, 1),
+        end_lr_frac=0.1,
+        b1=0.9,
+        b2=0.95,
+        eps=1e-8,
+        weight_decay=0.01,
+        grad_clip=1.0,
+      )
+    )
+  )
   mesh = sharding.make_mesh()
   state = sharding.shard_tree(steps.init_state(params, opt), mesh)
   score_fn = steps.make_reward_fn(cfg, mesh, state["params"])
@@ -250,16 +326,24 @@ def main(argv=None) -> dict:
   # Class weights: each class carries half the loss when --balance (else all rows weigh 1).
   pos = max(float(labels.mean()), 1e-6)
   w_pos, w_neg = (0.5 / pos, 0.5 / max(1.0 - pos, 1e-6)) if a.balance else (1.0, 1.0)
-  order = np.concatenate([rng.permutation(len(train_rows))
-                          for _ in range(-(-max(a.steps, 1) * a.batch // len(train_rows)))])
+  order = np.concatenate(
+    [
+      rng.permutation(len(train_rows))
+      for _ in range(-(-max(a.steps, 1) * a.batch // len(train_rows)))
+    ]
+  )
   step_fns, log, n_truncated, t0 = {}, [], 0, time.perf_counter()
   for i in range(a.steps):
-    chunk = [train_rows[j] for j in order[i * a.batch:(i + 1) * a.batch]]
+    chunk = [train_rows[j] for j in order[i * a.batch : (i + 1) * a.batch]]
     tokens, mask, n_cut = encode(tok, chunk, a.max_len)
     n_truncated += n_cut
     y = np.asarray([t["label"] for t in chunk], np.float32)
-    batch = {"tokens": tokens, "mask": mask, "labels": y,
-             "weight": np.where(y > 0, w_pos, w_neg).astype(np.float32)}
+    batch = {
+      "tokens": tokens,
+      "mask": mask,
+      "labels": y,
+      "weight": np.where(y > 0, w_pos, w_neg).astype(np.float32),
+    }
     if tokens.shape[1] not in step_fns:  # widths are multiples of 32: few compilations
       step_fns[tokens.shape[1]] = steps.make_rm_step(cfg, "bce", opt, mesh, state, batch)
     state, m = step_fns[tokens.shape[1]](state, batch)
@@ -270,24 +354,38 @@ def main(argv=None) -> dict:
       if a.eval_every and (i + 1) % a.eval_every == 0 and not last:
         m["heldout"] = heldout_metrics(score_fn, state["params"], tok, held_rows, a.max_len)
       log.append(m)
-      print(f"step {i + 1}/{a.steps} loss {m['loss']:.4f} acc {m['accuracy']:.3f} "
-            f"grad_norm {m['grad_norm']:.2f} skipped {int(m['n_skipped'])} "
-            f"{m['elapsed_s']:.0f}s" + (f" heldout acc {m['heldout']['accuracy']:.3f}"
-                                        if "heldout" in m else ""), flush=True)
+      print(
+        f"step {i + 1}/{a.steps} loss {m['loss']:.4f} acc {m['accuracy']:.3f} "
+        f"grad_norm {m['grad_norm']:.2f} skipped {int(m['n_skipped'])} "
+        f"{m['elapsed_s']:.0f}s"
+        + (f" heldout acc {m['heldout']['accuracy']:.3f}" if "heldout" in m else ""),
+        flush=True,
+      )
   train_s = time.perf_counter() - t0
   params = jax.device_get(state["params"])
   after = heldout_metrics(score_fn, params, tok, held_rows, a.max_len)
   save_hf_dir(cfg, params, out, tokenizer=tok)
-  report = {"args": vars(a), "n_train": len(train_rows), "n_heldout": len(held_rows),
-            "train_positive_rate": float(labels.mean()), "n_truncated_inputs": n_truncated,
-            "heldout_before": before, "heldout_after": after, "train_log": log,
-            "rollout_s": rollout_s, "train_s": train_s,
-            "wall_s": time.perf_counter() - t_start}
+  report = {
+    "args": vars(a),
+    "n_train": len(train_rows),
+    "n_heldout": len(held_rows),
+    "train_positive_rate": float(labels.mean()),
+    "n_truncated_inputs": n_truncated,
+    "heldout_before": before,
+    "heldout_after": after,
+    "train_log": log,
+    "rollout_s": rollout_s,
+    "train_s": train_s,
+    "wall_s": time.perf_counter() - t_start,
+  }
   atomic_write_json(out / "rm_report.json", report)
-  print(f"saved {out}; held-out after: acc {after['accuracy']:.3f} precision "
-        f"{after['precision']:.3f} recall {after['recall']:.3f} (n {after['n']}, "
-        f"{after['positive_rate']:.1%} positive); train {train_s:.0f}s, wall "
-        f"{report['wall_s']:.0f}s", flush=True)
+  print(
+    f"saved {out}; held-out after: acc {after['accuracy']:.3f} precision "
+    f"{after['precision']:.3f} recall {after['recall']:.3f} (n {after['n']}, "
+    f"{after['positive_rate']:.1%} positive); train {train_s:.0f}s, wall "
+    f"{report['wall_s']:.0f}s",
+    flush=True,
+  )
   return report
 
 

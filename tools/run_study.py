@@ -39,8 +39,11 @@ def parse_args(argv=None):
   p.add_argument("--sft_args", default="", help="extra args for tools/sft_small_policy.py")
   # The RM of the recorded study: a short BCE run on the SFT policy's own labelled rollouts,
   # which gave held-out accuracy 0.748, precision 0.58, recall 0.29 (a weak RM on purpose).
-  p.add_argument("--rm_args", default="--steps 300 --lr 1e-3 --warmup 10 --synthetic_questions 0 "
-                 "--eval_every 50", help="args for tools/pretrain_rm.py")
+  p.add_argument(
+    "--rm_args",
+    default="--steps 300 --lr 1e-3 --warmup 10 --synthetic_questions 0 --eval_every 50",
+    help="args for tools/pretrain_rm.py",
+  )
   p.add_argument("--set", action="append", default=[], help="config override key=value")
   return p.parse_args(argv)
 
@@ -54,25 +57,53 @@ def build_artifacts(a) -> None:
   """SFT policy, RM and held-out RM pairs, each only if missing (delete to rebuild)."""
   work = ROOT / a.workdir
   if not (work / "policy" / "config.json").exists():
-    _run([sys.executable, "tools/sft_small_policy.py", "--workdir", str(work),
-          *shlex.split(a.sft_args)])
+    _run(
+      [
+        sys.executable,
+        "tools/sft_small_policy.py",
+        "--workdir",
+        str(work),
+        *shlex.split(a.sft_args),
+      ]
+    )
   if not (work / "rm" / "config.json").exists():
-    _run([sys.executable, "tools/pretrain_rm.py", "--from_policy", str(work / "policy"),
-          "--questions", str(work / "data" / "rm.jsonl"), "--out", str(work / "rm"),
-          *shlex.split(a.rm_args)])
+    _run(
+      [
+        sys.executable,
+        "tools/pretrain_rm.py",
+        "--from_policy",
+        str(work / "policy"),
+        "--questions",
+        str(work / "data" / "rm.jsonl"),
+        "--out",
+        str(work / "rm"),
+        *shlex.split(a.rm_args),
+      ]
+    )
   pairs = work / "data" / "rm_eval_pairs.jsonl"
   if not pairs.exists():
     from cooper_jax.tasks.arith import make_wrong_solution, write_jsonl  # pylint: disable=import-outside-toplevel
+
     rows = [json.loads(l) for l in (work / "data" / "test.jsonl").read_text().splitlines() if l]
     rng = np.random.default_rng(1234)
-    write_jsonl(pairs, ({"question": r["question"], "answer": r["answer"],
-                         "positive": r["solution"], "negative": make_wrong_solution(r, rng)}
-                        for r in rows))
+    write_jsonl(
+      pairs,
+      (
+        {
+          "question": r["question"],
+          "answer": r["answer"],
+          "positive": r["solution"],
+          "negative": make_wrong_solution(r, rng),
+        }
+        for r in rows
+      ),
+    )
 
 
 def _config(a, mode: str, seed: int):
   sys.path.insert(0, str(ROOT))
   from experiments.small_task import get_config  # pylint: disable=import-outside-toplevel
+
   c = get_config(f"{mode},{ROOT / a.workdir}")
   c.seed = seed
   if a.steps:
@@ -94,16 +125,27 @@ def _config(a, mode: str, seed: int):
 
 def _heldout(a):
   from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
+
   rows, _ = load_qa(str(ROOT / a.workdir / "data" / "test.jsonl"))
   return rows
 
 
 def _eval(cfg, params, tokenizer, rows, a, verifier, seed):
   from cooper_jax.evaluate import evaluate_model  # pylint: disable=import-outside-toplevel
-  res = evaluate_model(cfg, params, tokenizer, {"heldout": rows}, samples=a.eval_samples,
-                       temperature=a.eval_temperature, top_p=0.95,
-                       max_new_tokens=a.eval_max_new_tokens, batch_size=64, seed=seed,
-                       verifier=verifier)
+
+  res = evaluate_model(
+    cfg,
+    params,
+    tokenizer,
+    {"heldout": rows},
+    samples=a.eval_samples,
+    temperature=a.eval_temperature,
+    top_p=0.95,
+    max_new_tokens=a.eval_max_new_tokens,
+    batch_size=64,
+    seed=seed,
+    verifier=verifier,
+  )
   return np.asarray(res["benchmarks"]["heldout"]["per_problem_acc"], np.float64)
 
 
@@ -142,36 +184,53 @@ def main(argv=None) -> dict:
         t = time.perf_counter()
         run = train(_config(a, mode, seed), str(wd))
         timings[f"{mode}_s{seed}"] = time.perf_counter() - t
-        acc = _eval(run.policy_cfg, run.policy_state["params"], run.tokenizer, rows, a,
-                    verifier, seed)
+        acc = _eval(
+          run.policy_cfg, run.policy_state["params"], run.tokenizer, rows, a, verifier, seed
+        )
         per_problem.setdefault(mode, []).append(acc)
         curves.setdefault(mode, []).append(read_metrics(wd))
-        print(f"{mode} seed {seed}: held-out {acc.mean():.3f} ({timings[f'{mode}_s{seed}']:.0f}s)",
-              flush=True)
+        print(
+          f"{mode} seed {seed}: held-out {acc.mean():.3f} ({timings[f'{mode}_s{seed}']:.0f}s)",
+          flush=True,
+        )
 
   summaries = {k: study.condition_summary(v) for k, v in per_problem.items()}
   tests = {}
   for other in ("rule", "static_rm", "untrained"):
     if "cooper" in summaries and other in summaries:
       tests[f"cooper - {other}"] = study.paired_test(
-          np.asarray(summaries["cooper"]["per_problem"]),
-          np.asarray(summaries[other]["per_problem"]))
+        np.asarray(summaries["cooper"]["per_problem"]), np.asarray(summaries[other]["per_problem"])
+      )
   table = study.format_study_table(summaries, tests, len(rows), len(seeds), a.eval_samples)
   study.plot_dynamics(curves, out / "training_dynamics.png", "small arithmetic task")
-  study.plot_rm_stability(curves, out / "rm_stability.png",
-                          "RM pair accuracy on held-out (correct, wrong) solutions")
+  study.plot_rm_stability(
+    curves, out / "rm_stability.png", "RM pair accuracy on held-out (correct, wrong) solutions"
+  )
   wall = time.perf_counter() - t0
-  result = {"summaries": summaries, "tests": tests, "seeds": seeds, "conditions": conditions,
-            "eval": {"samples": a.eval_samples, "temperature": a.eval_temperature,
-                     "top_p": 0.95, "max_new_tokens": a.eval_max_new_tokens,
-                     "n_problems": len(rows)},
-            "timings_s": timings, "build_s": t_build, "wall_s": wall,
-            "final_train_metrics": {k: [r[-1] for r in v] for k, v in curves.items()}}
+  result = {
+    "summaries": summaries,
+    "tests": tests,
+    "seeds": seeds,
+    "conditions": conditions,
+    "eval": {
+      "samples": a.eval_samples,
+      "temperature": a.eval_temperature,
+      "top_p": 0.95,
+      "max_new_tokens": a.eval_max_new_tokens,
+      "n_problems": len(rows),
+    },
+    "timings_s": timings,
+    "build_s": t_build,
+    "wall_s": wall,
+    "final_train_metrics": {k: [r[-1] for r in v] for k, v in curves.items()},
+  }
   atomic_write_json(out / "results.json", result)
   atomic_write(out / "table.md", lambda f: f.write(table + f"\nWall time {wall / 60:.1f} min.\n"))
   print(table)
-  print(f"wrote {out}/table.md, results.json, training_dynamics.png, rm_stability.png "
-        f"({wall / 60:.1f} min)")
+  print(
+    f"wrote {out}/table.md, results.json, training_dynamics.png, rm_stability.png "
+    f"({wall / 60:.1f} min)"
+  )
   return result
 
 

@@ -34,8 +34,9 @@ import numpy as np
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--workdir", default="runs/small_task")
   p.add_argument("--out", default=None, help="policy dir (default WORKDIR/policy)")
   p.add_argument("--tokenizer", default=None, help="tokenizer dir (default WORKDIR/tokenizer)")
@@ -76,12 +77,19 @@ def parse_args(argv=None):
 def make_splits(data_dir: Path, a) -> dict[str, list[dict]]:
   """Disjoint splits (no question shared). Deterministic, so rewriting them is harmless."""
   from cooper_jax.tasks.arith import write_split  # pylint: disable=import-outside-toplevel
+
   splits, seen = {}, set()
   # Test first: it must stay the same when the other splits' sizes change.
-  for i, (name, n) in enumerate([("test", a.n_test), ("sft", a.n_sft), ("rm", a.n_rm),
-                                 ("train", a.n_train)]):
-    rows = write_split(data_dir / f"{name}.jsonl", n, seed=a.data_seed * 100 + i,
-                       difficulties=a.difficulties, exclude_questions=seen)
+  for i, (name, n) in enumerate(
+    [("test", a.n_test), ("sft", a.n_sft), ("rm", a.n_rm), ("train", a.n_train)]
+  ):
+    rows = write_split(
+      data_dir / f"{name}.jsonl",
+      n,
+      seed=a.data_seed * 100 + i,
+      difficulties=a.difficulties,
+      exclude_questions=seen,
+    )
     seen.update(r["question"] for r in rows)
     splits[name] = rows
   return splits
@@ -90,47 +98,76 @@ def make_splits(data_dir: Path, a) -> dict[str, list[dict]]:
 def sft_examples(rows, wrong_frac: float, seed: int):
   """(questions, responses, is_wrong): exactly round(wrong_frac * n) rows get a wrong solution."""
   from cooper_jax.tasks.arith import make_wrong_solution  # pylint: disable=import-outside-toplevel
+
   rng = np.random.default_rng([seed, 1])
   wrong = np.zeros(len(rows), bool)
-  wrong[rng.permutation(len(rows))[:int(round(wrong_frac * len(rows)))]] = True
+  wrong[rng.permutation(len(rows))[: int(round(wrong_frac * len(rows)))]] = True
   responses = [make_wrong_solution(r, rng) if w else r["solution"] for r, w in zip(rows, wrong)]
   return [r["question"] for r in rows], responses, wrong
 
 
 def small_config(tok, a):
   from cooper_jax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+
   return ModelConfig(
-      vocab_size=tok.vocab_size, d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads,
-      n_kv_heads=a.n_kv_heads, head_dim=a.d_model // a.n_heads, d_ff=a.d_ff or 3 * a.d_model,
-      rms_eps=1e-5, tie_embeddings=True, family="llama", max_seq_len=512,
-      bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id)
+    vocab_size=tok.vocab_size,
+    d_model=a.d_model,
+    n_layers=a.n_layers,
+    n_heads=a.n_heads,
+    n_kv_heads=a.n_kv_heads,
+    head_dim=a.d_model // a.n_heads,
+    d_ff=a.d_ff or 3 * a.d_model,
+    rms_eps=1e-5,
+    tie_embeddings=True,
+    family="llama",
+    max_seq_len=512,
+    bos_id=tok.bos_id,
+    eos_id=tok.eos_id,
+    pad_id=tok.pad_id,
+  )
 
 
 def train(cfg, tok, questions, responses, a):
   import jax  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
+
   from cooper_jax import optim, sft, sharding, steps  # pylint: disable=import-outside-toplevel
   from cooper_jax.evaluate import build_prompts  # pylint: disable=import-outside-toplevel
   from cooper_jax.models.transformer import init_params  # pylint: disable=import-outside-toplevel
 
   # The same prompt the evaluator and the RL trainer render (chat template + instruction).
   prompts = build_prompts(tok, questions)
-  opt = optim.make_optimizer(ml_collections.ConfigDict(dict(
-      lr=a.lr, schedule="warmup_cosine", warmup_steps=a.warmup, total_steps=a.steps,
-      end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01, grad_clip=1.0)))
+  opt = optim.make_optimizer(
+    ml_collections.ConfigDict(
+      dict(
+        lr=a.lr,
+        schedule="warmup_cosine",
+        warmup_steps=a.warmup,
+        total_steps=a.steps,
+        end_lr_frac=0.1,
+        b1=0.9,
+        b2=0.95,
+        eps=1e-8,
+        weight_decay=0.01,
+        grad_clip=1.0,
+      )
+    )
+  )
   mesh = sharding.make_mesh()
   # Jitted init: eager Flax init runs the scanned layers op by op (slow on a busy CPU).
   params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(a.seed))
   state = sharding.shard_tree(steps.init_state(params, opt), mesh)
   rng = np.random.default_rng([a.seed, 2])
-  order = np.concatenate([rng.permutation(len(prompts))
-                          for _ in range(-(-a.steps * a.batch // len(prompts)))])
+  order = np.concatenate(
+    [rng.permutation(len(prompts)) for _ in range(-(-a.steps * a.batch // len(prompts)))]
+  )
   step_fns, log, t0 = {}, [], time.perf_counter()
   for i in range(a.steps):
-    idx = order[i * a.batch:(i + 1) * a.batch]
+    idx = order[i * a.batch : (i + 1) * a.batch]
     # Width rounded to 32: a handful of shapes to compile instead of one per batch.
-    batch = sft.encode_sft_batch(tok, [prompts[j] for j in idx], [responses[j] for j in idx],
-                                 a.max_len, pad_to_multiple=32)
+    batch = sft.encode_sft_batch(
+      tok, [prompts[j] for j in idx], [responses[j] for j in idx], a.max_len, pad_to_multiple=32
+    )
     width = batch["tokens"].shape[1]
     if width not in step_fns:
       step_fns[width] = sft.make_sft_step(cfg, opt, mesh, state, batch)
@@ -139,9 +176,12 @@ def train(cfg, tok, questions, responses, a):
       m = {k: float(v) for k, v in jax.device_get(m).items()}
       m.update(step=i + 1, elapsed_s=time.perf_counter() - t0)
       log.append(m)
-      print(f"step {i + 1}/{a.steps} loss {m['loss']:.4f} token_acc {m['token_accuracy']:.3f} "
-            f"grad_norm {m['grad_norm']:.2f} skipped {int(m['n_skipped'])} "
-            f"{m['elapsed_s']:.0f}s", flush=True)
+      print(
+        f"step {i + 1}/{a.steps} loss {m['loss']:.4f} token_acc {m['token_accuracy']:.3f} "
+        f"grad_norm {m['grad_norm']:.2f} skipped {int(m['n_skipped'])} "
+        f"{m['elapsed_s']:.0f}s",
+        flush=True,
+      )
   return jax.device_get(state["params"]), log, time.perf_counter() - t0
 
 
@@ -155,26 +195,41 @@ def evaluate_policy(policy_dir: Path, test_rows, a) -> dict:
   cfg, params = load_pretrained(os.fspath(policy_dir))
   tok = load_tokenizer(os.fspath(policy_dir))
   with RuleVerifier(1) as verifier:
-    res = evaluate_model(cfg, params, tok, {"arith_test": test_rows}, samples=a.eval_samples,
-                         temperature=a.eval_temperature, top_p=1.0,
-                         max_new_tokens=a.eval_max_new_tokens, batch_size=128,
-                         seed=a.seed, verifier=verifier)
+    res = evaluate_model(
+      cfg,
+      params,
+      tok,
+      {"arith_test": test_rows},
+      samples=a.eval_samples,
+      temperature=a.eval_temperature,
+      top_p=1.0,
+      max_new_tokens=a.eval_max_new_tokens,
+      batch_size=128,
+      seed=a.seed,
+      verifier=verifier,
+    )
   b = res["benchmarks"]["arith_test"]
   acc = np.asarray(b["per_problem_acc"])
   diff = np.asarray([r["difficulty"] for r in test_rows])
-  return {"accuracy": b["accuracy"], "ci95": b.get("ci95"),
-          "by_difficulty": {int(d): float(acc[diff == d].mean()) for d in np.unique(diff)},
-          "counts": b["counts"], "mean_response_tokens": b["mean_response_tokens"],
-          "truncated_fraction": b["truncated_fraction"], "samples": a.eval_samples,
-          "temperature": a.eval_temperature, "throughput": b["throughput"]}
+  return {
+    "accuracy": b["accuracy"],
+    "ci95": b.get("ci95"),
+    "by_difficulty": {int(d): float(acc[diff == d].mean()) for d in np.unique(diff)},
+    "counts": b["counts"],
+    "mean_response_tokens": b["mean_response_tokens"],
+    "truncated_fraction": b["truncated_fraction"],
+    "samples": a.eval_samples,
+    "temperature": a.eval_temperature,
+    "throughput": b["throughput"],
+  }
 
 
 def main(argv=None) -> dict:
   a = parse_args(argv)
   t_start = time.perf_counter()
+  from cooper_jax.evaluate import atomic_write_json  # pylint: disable=import-outside-toplevel
   from cooper_jax.tasks.small_tokenizer import build_small_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
-  from cooper_jax.evaluate import atomic_write_json  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import save_hf_dir  # pylint: disable=import-outside-toplevel
 
   work = Path(a.workdir)
@@ -188,8 +243,11 @@ def main(argv=None) -> dict:
   print("splits: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
   questions, responses, wrong = sft_examples(splits["sft"], a.wrong_frac, a.seed)
   cfg = small_config(tok, a)
-  print(f"model: {cfg.num_params():,} params, vocab {cfg.vocab_size}; SFT on {len(questions)} "
-        f"rows, {wrong.mean():.1%} wrong solutions", flush=True)
+  print(
+    f"model: {cfg.num_params():,} params, vocab {cfg.vocab_size}; SFT on {len(questions)} "
+    f"rows, {wrong.mean():.1%} wrong solutions",
+    flush=True,
+  )
 
   params, log, train_s = train(cfg, tok, questions, responses, a)
   save_hf_dir(cfg, params, out, tokenizer=tok)
@@ -198,16 +256,26 @@ def main(argv=None) -> dict:
   t0 = time.perf_counter()
   ev = evaluate_policy(out, splits["test"], a)
   eval_s = time.perf_counter() - t0
-  report = {"args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(a).items()},
-            "n_params": cfg.num_params(), "vocab_size": cfg.vocab_size,
-            "sft_rows": len(questions), "wrong_fraction": float(wrong.mean()),
-            "train_log": log, "train_s": train_s, "eval_s": eval_s, "eval": ev,
-            "wall_s": time.perf_counter() - t_start}
+  report = {
+    "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(a).items()},
+    "n_params": cfg.num_params(),
+    "vocab_size": cfg.vocab_size,
+    "sft_rows": len(questions),
+    "wrong_fraction": float(wrong.mean()),
+    "train_log": log,
+    "train_s": train_s,
+    "eval_s": eval_s,
+    "eval": ev,
+    "wall_s": time.perf_counter() - t_start,
+  }
   atomic_write_json(out / "sft_report.json", report)
-  print(f"held-out pass@1 ({a.eval_samples} samples, T={a.eval_temperature}): "
-        f"{ev['accuracy']:.3f} by difficulty {ev['by_difficulty']}; verifier {ev['counts']}; "
-        f"mean len {ev['mean_response_tokens']:.1f}; eval {eval_s:.0f}s; "
-        f"wall {report['wall_s']:.0f}s", flush=True)
+  print(
+    f"held-out pass@1 ({a.eval_samples} samples, T={a.eval_temperature}): "
+    f"{ev['accuracy']:.3f} by difficulty {ev['by_difficulty']}; verifier {ev['counts']}; "
+    f"mean len {ev['mean_response_tokens']:.1f}; eval {eval_s:.0f}s; "
+    f"wall {report['wall_s']:.0f}s",
+    flush=True,
+  )
   return report
 
 

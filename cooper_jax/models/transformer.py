@@ -25,6 +25,7 @@ _NEG_INF = -1e30  # finite, so a fully masked row (a left-pad query) gives a uni
 
 class KVCache(NamedTuple):
   """Static-shape cache for all layers: k/v [l, b, s, k, e], valid-slot mask [b, s]."""
+
   k: jax.Array
   v: jax.Array
   mask: jax.Array
@@ -64,8 +65,13 @@ class Attention(nn.Module):
   def __call__(self, x_btd, positions_bt, mask_bt, cache_kv, cache_mask_bs):
     cfg = self.cfg
     dense = lambda feats, name, bias, axis=-1: nn.DenseGeneral(
-        feats, axis=axis, use_bias=bias, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
-        name=name)
+      feats,
+      axis=axis,
+      use_bias=bias,
+      dtype=cfg.jnp_dtype,
+      param_dtype=cfg.jnp_param_dtype,
+      name=name,
+    )
     q_bthe = dense((cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x_btd)
     k_btke = dense((cfg.n_kv_heads, cfg.head_dim), "k", cfg.qkv_bias)(x_btd)
     v_btke = dense((cfg.n_kv_heads, cfg.head_dim), "v", cfg.qkv_bias)(x_btd)
@@ -74,7 +80,7 @@ class Attention(nn.Module):
 
     b, t = x_btd.shape[:2]
     g = cfg.n_heads // cfg.n_kv_heads
-    q_btkge = q_bthe.reshape(b, t, cfg.n_kv_heads, g, cfg.head_dim) * (cfg.head_dim ** -0.5)
+    q_btkge = q_bthe.reshape(b, t, cfg.n_kv_heads, g, cfg.head_dim) * (cfg.head_dim**-0.5)
 
     # Scores against this call's own tokens: causal within the call, pads masked.
     causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
@@ -85,8 +91,12 @@ class Attention(nn.Module):
       scores = s_self
     else:
       ck_bske, cv_bske = cache_kv
-      s_cache = jnp.einsum("btkge,bske->bkgts", q_btkge, ck_bske.astype(q_btkge.dtype),
-                           preferred_element_type=jnp.float32)
+      s_cache = jnp.einsum(
+        "btkge,bske->bkgts",
+        q_btkge,
+        ck_bske.astype(q_btkge.dtype),
+        preferred_element_type=jnp.float32,
+      )
       s_cache = jnp.where(cache_mask_bs[:, None, None, None, :], s_cache, _NEG_INF)
       scores = jnp.concatenate([s_cache, s_self], axis=-1)
     probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
@@ -94,8 +104,9 @@ class Attention(nn.Module):
       out_btkge = jnp.einsum("bkgts,bske->btkge", probs, v_btke)
     else:
       s_len = ck_bske.shape[1]
-      out_btkge = (jnp.einsum("bkgts,bske->btkge", probs[..., :s_len], cv_bske.astype(probs.dtype))
-                   + jnp.einsum("bkgts,bske->btkge", probs[..., s_len:], v_btke))
+      out_btkge = jnp.einsum(
+        "bkgts,bske->btkge", probs[..., :s_len], cv_bske.astype(probs.dtype)
+      ) + jnp.einsum("bkgts,bske->btkge", probs[..., s_len:], v_btke)
     out_bthe = out_btkge.reshape(b, t, cfg.n_heads, cfg.head_dim)
     out_btd = dense(cfg.d_model, "o", False, axis=(-2, -1))(out_bthe)
     return out_btd, (k_btke, v_btke)
@@ -107,22 +118,25 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x_btd):
     cfg = self.cfg
-    dense = lambda feats, name: nn.Dense(feats, use_bias=False, dtype=cfg.jnp_dtype,
-                                         param_dtype=cfg.jnp_param_dtype, name=name)
+    dense = lambda feats, name: nn.Dense(
+      feats, use_bias=False, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype, name=name
+    )
     h_btf = nn.silu(dense(cfg.d_ff, "gate")(x_btd)) * dense(cfg.d_ff, "up")(x_btd)
     return dense(cfg.d_model, "down")(h_btf)
 
 
 class Block(nn.Module):
   """One pre-norm decoder layer; scanned, so (carry, per-layer input) -> (carry, output)."""
+
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x_btd, layer_cache, positions_bt, mask_bt, cache_mask_bs):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
-    h, new_kv = Attention(cfg, name="attn")(norm("attn_norm")(x_btd), positions_bt, mask_bt,
-                                            layer_cache, cache_mask_bs)
+    h, new_kv = Attention(cfg, name="attn")(
+      norm("attn_norm")(x_btd), positions_bt, mask_bt, layer_cache, cache_mask_bs
+    )
     x_btd = x_btd + h
     x_btd = x_btd + MLP(cfg, name="mlp")(norm("mlp_norm")(x_btd))
     return x_btd, new_kv
@@ -135,24 +149,33 @@ class Transformer(nn.Module):
   to). `cache` (KVCache or None) holds earlier slots to attend to. With head="score", the
   score is read at the last real token of each row.
   """
+
   cfg: ModelConfig
 
   def setup(self):
     cfg = self.cfg
-    self.embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.jnp_dtype,
-                          param_dtype=cfg.jnp_param_dtype,
-                          embedding_init=nn.initializers.normal(0.02), name="embed")
+    self.embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=cfg.jnp_dtype,
+      param_dtype=cfg.jnp_param_dtype,
+      embedding_init=nn.initializers.normal(0.02),
+      name="embed",
+    )
     block = Block
     if cfg.remat:
-      block = nn.remat(Block, prevent_cse=False,
-                       policy=jax.checkpoint_policies.nothing_saveable)
+      block = nn.remat(Block, prevent_cse=False, policy=jax.checkpoint_policies.nothing_saveable)
     self.layers = nn.scan(
-        block, variable_axes={"params": 0}, split_rngs={"params": True},
-        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layers,
+      block,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+      length=cfg.n_layers,
     )(cfg, name="layers")
     self.final_norm = RMSNorm(cfg.rms_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name="final_norm")
-    dense = lambda feats, name: nn.Dense(feats, use_bias=False, dtype=cfg.jnp_dtype,
-                                         param_dtype=cfg.jnp_param_dtype, name=name)
+    dense = lambda feats, name: nn.Dense(
+      feats, use_bias=False, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype, name=name
+    )
     if cfg.head == "score":
       self.score = dense(1, "score")
     elif not cfg.tie_embeddings:
@@ -162,8 +185,11 @@ class Transformer(nn.Module):
     """Final-norm hidden states [b, t, d] and this call's (k, v), each [l, b, t, k, e]."""
     x_btd = self.embed(tokens_bt)
     layer_cache = None if cache is None else (cache.k, cache.v)
-    cache_mask = None if cache is None else (
-        cache.mask & (jnp.arange(cache.mask.shape[1]) < cache.length)[None])
+    cache_mask = (
+      None
+      if cache is None
+      else (cache.mask & (jnp.arange(cache.mask.shape[1]) < cache.length)[None])
+    )
     x_btd, new_kv = self.layers(x_btd, layer_cache, positions_bt, mask_bt, cache_mask)
     return self.final_norm(x_btd), new_kv
 
@@ -199,6 +225,7 @@ def init_params(cfg: ModelConfig, rng: jax.Array):
 
 def forward(cfg: ModelConfig, params, tokens_bt, mask_bt):
   """Full-sequence forward pass: logits [b, t, v] (lm) or scores [b] (score head), float32."""
-  out, _ = Transformer(cfg).apply({"params": params}, tokens_bt, positions_from_mask(mask_bt),
-                                  mask_bt)
+  out, _ = Transformer(cfg).apply(
+    {"params": params}, tokens_bt, positions_from_mask(mask_bt), mask_bt
+  )
   return out

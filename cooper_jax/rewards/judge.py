@@ -34,9 +34,11 @@ from cooper_jax.rewards.rm_prompt import cut_long_text
 
 logger = logging.getLogger(__name__)
 
-JUDGE_INSTRUCTION = ("Here is a problem, its reference answer and a candidate solution. "
-                     "Is the candidate's final answer equivalent to the reference answer? "
-                     "Answer with only 'yes' or 'no'.")
+JUDGE_INSTRUCTION = (
+  "Here is a problem, its reference answer and a candidate solution. "
+  "Is the candidate's final answer equivalent to the reference answer? "
+  "Answer with only 'yes' or 'no'."
+)
 # Spellings the judge may start its answer with. With a chat template the answer starts
 # right after "assistant\n" (no space); a plain-text prompt ends in "Answer:", so the
 # space-prefixed forms matter there. Multi-token spellings are skipped: their first piece
@@ -50,12 +52,14 @@ def judge_prompt(question: str, reference: str, completion: str) -> str:
   (rm_prompt.cut_long_text: first 500 + last 1000 characters), so both verifiers see the same
   text; the question is never cut. The instruction is repeated at the end because small
   judges follow the instruction nearest the answer slot."""
-  return (f"{JUDGE_INSTRUCTION}\n\n"
-          f"Problem:\n{question}\n\n"
-          f"Reference answer:\n{cut_long_text(reference)}\n\n"
-          f"Candidate solution:\n{cut_long_text(completion)}\n\n"
-          "Is the candidate's final answer equivalent to the reference answer? "
-          "Answer with only 'yes' or 'no'.")
+  return (
+    f"{JUDGE_INSTRUCTION}\n\n"
+    f"Problem:\n{question}\n\n"
+    f"Reference answer:\n{cut_long_text(reference)}\n\n"
+    f"Candidate solution:\n{cut_long_text(completion)}\n\n"
+    "Is the candidate's final answer equivalent to the reference answer? "
+    "Answer with only 'yes' or 'no'."
+  )
 
 
 def answer_token_ids(tokenizer) -> tuple[list[int], list[int]]:
@@ -76,8 +80,9 @@ def _last_logprobs(params, tokens_bt, mask_bt, ids_k, *, cfg: ModelConfig):
   """log-softmax at the last position, read at ids_k: [b, k] float32."""
   model = Transformer(cfg)
   variables = {"params": params}
-  h_btd, _ = model.apply(variables, tokens_bt, positions_from_mask(mask_bt), mask_bt,
-                         method=Transformer.hidden)
+  h_btd, _ = model.apply(
+    variables, tokens_bt, positions_from_mask(mask_bt), mask_bt, method=Transformer.hidden
+  )
   logits_bv = model.apply(variables, h_btd[:, -1:], method=Transformer.logits)[:, 0]
   return jnp.take(jax.nn.log_softmax(logits_bv, axis=-1), ids_k, axis=1)
 
@@ -98,7 +103,7 @@ def _left_pad(rows: list[list[int]], pad_id: int, max_len: int, pad_to_multiple:
   tokens = np.full((len(rows), width), pad_id, np.int32)
   mask = np.zeros((len(rows), width), np.bool_)
   for i, r in enumerate(rows):
-    tokens[i, width - len(r):], mask[i, width - len(r):] = r, True
+    tokens[i, width - len(r) :], mask[i, width - len(r) :] = r, True
   return tokens, mask, cut
 
 
@@ -124,10 +129,19 @@ def decide(logp_yes: np.ndarray, logp_no: np.ndarray) -> tuple[np.ndarray, np.nd
   return labels, np.where(finite, p_yes, np.nan), reasons
 
 
-def llm_judge(cfg: ModelConfig, params, tokenizer, questions: Sequence[str],
-              references: Sequence[str], completions: Sequence[str], *, batch_size: int = 8,
-              chat: bool | None = None, max_len: int = 2048,
-              pad_to_multiple: int = 64) -> tuple[np.ndarray, dict]:
+def llm_judge(
+  cfg: ModelConfig,
+  params,
+  tokenizer,
+  questions: Sequence[str],
+  references: Sequence[str],
+  completions: Sequence[str],
+  *,
+  batch_size: int = 8,
+  chat: bool | None = None,
+  max_len: int = 2048,
+  pad_to_multiple: int = 64,
+) -> tuple[np.ndarray, dict]:
   """Judge each (question, reference, completion): (labels int8 [n], stats).
 
   labels: 1 yes (equivalent), 0 no, -1 undecided. chat=None uses the tokenizer's chat
@@ -140,8 +154,10 @@ def llm_judge(cfg: ModelConfig, params, tokenizer, questions: Sequence[str],
   """
   n = len(questions)
   if len(references) != n or len(completions) != n:
-    raise ValueError(f"length mismatch: {n} questions, {len(references)} references, "
-                     f"{len(completions)} completions")
+    raise ValueError(
+      f"length mismatch: {n} questions, {len(references)} references, "
+      f"{len(completions)} completions"
+    )
   if batch_size < 1 or max_len < 1:
     raise ValueError("batch_size and max_len must be >= 1")
   if cfg.head != "lm":
@@ -150,51 +166,78 @@ def llm_judge(cfg: ModelConfig, params, tokenizer, questions: Sequence[str],
   yes_ids, no_ids = answer_token_ids(tokenizer)
   if chat is None:
     chat = bool(getattr(tokenizer.hf, "chat_template", None))
-  stats = {"n": n, "chat": chat, "yes_token_ids": yes_ids, "no_token_ids": no_ids,
-           "batch_size": batch_size, "max_len": max_len, "truncated_prompts": 0}
+  stats = {
+    "n": n,
+    "chat": chat,
+    "yes_token_ids": yes_ids,
+    "no_token_ids": no_ids,
+    "batch_size": batch_size,
+    "max_len": max_len,
+    "truncated_prompts": 0,
+  }
   logp_yes = np.full((n, len(yes_ids)), -np.inf)
   logp_no = np.full((n, len(no_ids)), -np.inf)
   forward_s = 0.0
   if n and yes_ids and no_ids:
-    texts = _render(tokenizer, [judge_prompt(q, r, c) for q, r, c in
-                                zip(questions, references, completions)], chat)
+    texts = _render(
+      tokenizer,
+      [judge_prompt(q, r, c) for q, r, c in zip(questions, references, completions)],
+      chat,
+    )
     encoded = [tokenizer.encode(t) for t in texts]
     order = np.argsort([len(r) for r in encoded], kind="stable")
     ids_k = jnp.asarray(yes_ids + no_ids, jnp.int32)
     for start in range(0, n, batch_size):
-      idx = order[start:start + batch_size]
+      idx = order[start : start + batch_size]
       real = idx.size
       idx = np.concatenate([idx, np.full(batch_size - real, idx[-1])])  # dummy rows, dropped
-      tokens, mask, cut = _left_pad([encoded[i] for i in idx], tokenizer.pad_id, max_len,
-                                    pad_to_multiple)
+      tokens, mask, cut = _left_pad(
+        [encoded[i] for i in idx], tokenizer.pad_id, max_len, pad_to_multiple
+      )
       stats["truncated_prompts"] += int(cut[:real].sum())
       t1 = time.perf_counter()
-      lp = np.asarray(_last_logprobs(params, jnp.asarray(tokens), jnp.asarray(mask), ids_k,
-                                     cfg=cfg))
+      lp = np.asarray(
+        _last_logprobs(params, jnp.asarray(tokens), jnp.asarray(mask), ids_k, cfg=cfg)
+      )
       forward_s += time.perf_counter() - t1
-      logp_yes[idx[:real]] = lp[:real, :len(yes_ids)]
-      logp_no[idx[:real]] = lp[:real, len(yes_ids):]
+      logp_yes[idx[:real]] = lp[:real, : len(yes_ids)]
+      logp_no[idx[:real]] = lp[:real, len(yes_ids) :]
   elif n:
-    logger.warning("judge tokenizer has no single-token yes/no (yes %s, no %s): all %d "
-                   "items undecided", yes_ids, no_ids, n)
+    logger.warning(
+      "judge tokenizer has no single-token yes/no (yes %s, no %s): all %d items undecided",
+      yes_ids,
+      no_ids,
+      n,
+    )
   labels, p_yes, reasons = decide(logp_yes, logp_no)
   with np.errstate(all="ignore"):
-    mass = np.exp(np.logaddexp(np.logaddexp.reduce(logp_yes, axis=1),
-                               np.logaddexp.reduce(logp_no, axis=1))) if n else np.zeros(0)
+    mass = (
+      np.exp(
+        np.logaddexp(np.logaddexp.reduce(logp_yes, axis=1), np.logaddexp.reduce(logp_no, axis=1))
+      )
+      if n
+      else np.zeros(0)
+    )
   decided = labels >= 0
   stats.update(
-      yes=int((labels == 1).sum()), no=int((labels == 0).sum()),
-      undecided=int((labels < 0).sum()), undecided_reasons=reasons,
-      mean_p_yes=float(np.mean(p_yes[decided])) if decided.any() else None,
-      mean_yes_no_mass=float(np.mean(mass[np.isfinite(mass)])) if np.isfinite(mass).any()
-      else None,
-      forward_s=forward_s, wall_s=time.perf_counter() - t0,
-      p_yes=[None if not np.isfinite(p) else float(p) for p in p_yes])
+    yes=int((labels == 1).sum()),
+    no=int((labels == 0).sum()),
+    undecided=int((labels < 0).sum()),
+    undecided_reasons=reasons,
+    mean_p_yes=float(np.mean(p_yes[decided])) if decided.any() else None,
+    mean_yes_no_mass=float(np.mean(mass[np.isfinite(mass)])) if np.isfinite(mass).any() else None,
+    forward_s=forward_s,
+    wall_s=time.perf_counter() - t0,
+    p_yes=[None if not np.isfinite(p) else float(p) for p in p_yes],
+  )
   if stats["undecided"]:
     logger.warning("judge: %d of %d items undecided (%s)", stats["undecided"], n, reasons)
   if stats["truncated_prompts"]:
-    logger.warning("judge: %d prompts over max_len=%d kept only their last tokens",
-                   stats["truncated_prompts"], max_len)
+    logger.warning(
+      "judge: %d prompts over max_len=%d kept only their last tokens",
+      stats["truncated_prompts"],
+      max_len,
+    )
   return labels, stats
 
 

@@ -34,43 +34,50 @@ STRATEGIES = ("first", "random")
 # Positives
 # --------------------------------------------------------------------------------------------
 
-def select_positives(correct_b: np.ndarray, group_size: int, strategy: str = "first",
-                     rng: np.random.Generator | None = None) -> np.ndarray:
-    """Index (into the flat [n_prompts * G] rollout batch) of each prompt's positive, or -1.
 
-    Rollouts are grouped prompt-major: rows p*G .. p*G+G-1 belong to prompt p. "first" takes
-    the first correct rollout, as the reference code does; "random" draws one of the correct
-    rollouts uniformly with `rng` (required, for reproducibility). A prompt with no correct
-    rollout gets -1: it yields no pair.
-    """
-    correct = np.asarray(correct_b, dtype=bool).reshape(-1)
-    if group_size < 1 or correct.size % group_size:
-        raise ValueError(f"{correct.size} rollouts do not split into groups of {group_size}")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    if strategy == "random" and rng is None:
-        raise ValueError("strategy='random' needs an rng (np.random.Generator)")
-    groups = correct.reshape(-1, group_size)
-    out = np.full(groups.shape[0], -1, dtype=np.int64)
-    for p, row in enumerate(groups):
-        hits = np.flatnonzero(row)
-        if hits.size:
-            j = hits[0] if strategy == "first" else rng.choice(hits)
-            out[p] = p * group_size + int(j)
-    return out
+def select_positives(
+  correct_b: np.ndarray,
+  group_size: int,
+  strategy: str = "first",
+  rng: np.random.Generator | None = None,
+) -> np.ndarray:
+  """Index (into the flat [n_prompts * G] rollout batch) of each prompt's positive, or -1.
+
+  Rollouts are grouped prompt-major: rows p*G .. p*G+G-1 belong to prompt p. "first" takes
+  the first correct rollout, as the reference code does; "random" draws one of the correct
+  rollouts uniformly with `rng` (required, for reproducibility). A prompt with no correct
+  rollout gets -1: it yields no pair.
+  """
+  correct = np.asarray(correct_b, dtype=bool).reshape(-1)
+  if group_size < 1 or correct.size % group_size:
+    raise ValueError(f"{correct.size} rollouts do not split into groups of {group_size}")
+  if strategy not in STRATEGIES:
+    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+  if strategy == "random" and rng is None:
+    raise ValueError("strategy='random' needs an rng (np.random.Generator)")
+  groups = correct.reshape(-1, group_size)
+  out = np.full(groups.shape[0], -1, dtype=np.int64)
+  for p, row in enumerate(groups):
+    hits = np.flatnonzero(row)
+    if hits.size:
+      j = hits[0] if strategy == "first" else rng.choice(hits)
+      out[p] = p * group_size + int(j)
+  return out
 
 
 # --------------------------------------------------------------------------------------------
 # Negative generators
 # --------------------------------------------------------------------------------------------
 
-class NegativeGenerator(Protocol):
-    """Makes one candidate negative per row; "" (or None) where it cannot make one."""
-    name: str
 
-    def generate(self, questions: list[str], positives: list[str], attempt: int,
-                 rng: np.random.Generator) -> list[str]:
-        ...
+class NegativeGenerator(Protocol):
+  """Makes one candidate negative per row; "" (or None) where it cannot make one."""
+
+  name: str
+
+  def generate(
+    self, questions: list[str], positives: list[str], attempt: int, rng: np.random.Generator
+  ) -> list[str]: ...
 
 
 # A number as written in a solution: "18", "70,000", "0.5". Not preceded by a letter, "_" or
@@ -81,295 +88,356 @@ _BOX_OPENERS = ("\\boxed{", "\\fbox{")
 
 
 def _last_boxed_span(text: str) -> tuple[int, int] | None:
-    """(start, end) of the content of the last \\boxed{...}, braces balanced; None if none."""
-    start = max(text.rfind(o) + len(o) if o in text else -1 for o in _BOX_OPENERS)
-    if start < 0:
-        return None
-    depth = 1
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return start, i
-    return None  # unbalanced (e.g. a truncated rollout): fall back to the last number
+  """(start, end) of the content of the last \\boxed{...}, braces balanced; None if none."""
+  start = max(text.rfind(o) + len(o) if o in text else -1 for o in _BOX_OPENERS)
+  if start < 0:
+    return None
+  depth = 1
+  for i in range(start, len(text)):
+    depth += {"{": 1, "}": -1}.get(text[i], 0)
+    if depth == 0:
+      return start, i
+  return None  # unbalanced (e.g. a truncated rollout): fall back to the last number
 
 
 def final_answer_span(text: str) -> tuple[int, int] | None:
-    """Where the final answer is written: the last \\boxed{} content, else the last number.
+  """Where the final answer is written: the last \\boxed{} content, else the last number.
 
-    The same places math-verify looks first, so changing this span changes its parse.
-    """
-    span = _last_boxed_span(text)
-    if span is not None:
-        return span
-    last = None
-    for last in _NUMBER.finditer(text):
-        pass
-    return None if last is None else last.span()
+  The same places math-verify looks first, so changing this span changes its parse.
+  """
+  span = _last_boxed_span(text)
+  if span is not None:
+    return span
+  last = None
+  for last in _NUMBER.finditer(text):
+    pass
+  return None if last is None else last.span()
 
 
 def perturb_number(s: str, rng: np.random.Generator) -> str:
-    """A different number written in the same style ("70,000" -> "70,004", "0.5" -> "0.8").
+  """A different number written in the same style ("70,000" -> "70,004", "0.5" -> "0.8").
 
-    Integers: +/- d (d in 1..9), or x2 / x3 (typical slips); decimals: +/- d units of the last
-    decimal place. The new value never equals the old one (d != 0, factor != 1 on a nonzero
-    value, and a subtraction that would go below zero becomes an addition).
-    """
-    plain = s.replace(",", "")
-    value = Decimal(plain)
-    places = len(plain.split(".")[1]) if "." in plain else 0
-    ops = ["add", "sub"] + (["scale"] if places == 0 and value != 0 else [])
-    op = ops[int(rng.integers(len(ops)))]
-    step = Decimal(int(rng.integers(1, 10))).scaleb(-places)
-    if op == "scale":
-        new = value * int(rng.choice([2, 3]))
-    elif op == "sub" and value - step >= 0:
-        new = value - step
-    else:
-        new = value + step
-    assert new != value
-    return f"{new:{',' if ',' in s else ''}.{places}f}"
+  Integers: +/- d (d in 1..9), or x2 / x3 (typical slips); decimals: +/- d units of the last
+  decimal place. The new value never equals the old one (d != 0, factor != 1 on a nonzero
+  value, and a subtraction that would go below zero becomes an addition).
+  """
+  plain = s.replace(",", "")
+  value = Decimal(plain)
+  places = len(plain.split(".")[1]) if "." in plain else 0
+  ops = ["add", "sub"] + (["scale"] if places == 0 and value != 0 else [])
+  op = ops[int(rng.integers(len(ops)))]
+  step = Decimal(int(rng.integers(1, 10))).scaleb(-places)
+  if op == "scale":
+    new = value * int(rng.choice([2, 3]))
+  elif op == "sub" and value - step >= 0:
+    new = value - step
+  else:
+    new = value + step
+  assert new != value
+  return f"{new:{',' if ',' in s else ''}.{places}f}"
 
 
 def perturb_solution(text: str, rng: np.random.Generator, attempt: int = 0) -> str:
-    """The solution with a different final answer; "" if it has no answer to change.
+  """The solution with a different final answer; "" if it has no answer to change.
 
-    One number of the final answer is changed (the first on attempt 0, the next on a retry:
-    a degenerate choice such as the base of 5^0 then gets another chance); an answer without
-    numbers (\\boxed{x}) gets " + 1". The change is made consistently: every other place the
-    old answer is written in the text gets the new one too, so the derivation leads to the
-    wrong result instead of contradicting it (for a number answer: every standalone
-    occurrence of that number).
-    """
-    span = final_answer_span(text)
-    if span is None:
-        return ""
-    old = text[span[0]:span[1]]
-    nums = list(_NUMBER.finditer(old))
-    if not nums:
-        if not old.strip():
-            return ""
-        return text[:span[0]] + old.rstrip() + " + 1" + text[span[1]:]
-    m = nums[attempt % len(nums)]
-    new = old[:m.start()] + perturb_number(m.group(), rng) + old[m.end():]
-    if _NUMBER.fullmatch(old.strip()):
-        # A number answer: replace it as a number, so "18" does not match inside "180".
-        pat = re.compile(r"(?<![\w.])" + re.escape(old.strip()) + r"(?![\d]|[.,]\d)")
-        return pat.sub(new.strip(), text)
-    return text.replace(old, new)
+  One number of the final answer is changed (the first on attempt 0, the next on a retry:
+  a degenerate choice such as the base of 5^0 then gets another chance); an answer without
+  numbers (\\boxed{x}) gets " + 1". The change is made consistently: every other place the
+  old answer is written in the text gets the new one too, so the derivation leads to the
+  wrong result instead of contradicting it (for a number answer: every standalone
+  occurrence of that number).
+  """
+  span = final_answer_span(text)
+  if span is None:
+    return ""
+  old = text[span[0] : span[1]]
+  nums = list(_NUMBER.finditer(old))
+  if not nums:
+    if not old.strip():
+      return ""
+    return text[: span[0]] + old.rstrip() + " + 1" + text[span[1] :]
+  m = nums[attempt % len(nums)]
+  new = old[: m.start()] + perturb_number(m.group(), rng) + old[m.end() :]
+  if _NUMBER.fullmatch(old.strip()):
+    # A number answer: replace it as a number, so "18" does not match inside "180".
+    pat = re.compile(r"(?<![\w.])" + re.escape(old.strip()) + r"(?![\d]|[.,]\d)")
+    return pat.sub(new.strip(), text)
+  return text.replace(old, new)
 
 
 @dataclasses.dataclass
 class PerturbNegatives:
-    """Model-free negatives: the positive with its final answer perturbed (deterministic
-    given the rng). Cheap, but the negative differs from the positive in a few digits only,
-    unlike the paper's LLM rewrite; use it where no assistant model is available."""
-    name: str = "perturb"
+  """Model-free negatives: the positive with its final answer perturbed (deterministic
+  given the rng). Cheap, but the negative differs from the positive in a few digits only,
+  unlike the paper's LLM rewrite; use it where no assistant model is available."""
 
-    def generate(self, questions: list[str], positives: list[str], attempt: int,
-                 rng: np.random.Generator) -> list[str]:
-        del questions  # the answer alone is perturbed
-        return [perturb_solution(p, rng, attempt) for p in positives]
+  name: str = "perturb"
+
+  def generate(
+    self, questions: list[str], positives: list[str], attempt: int, rng: np.random.Generator
+  ) -> list[str]:
+    del questions  # the answer alone is perturbed
+    return [perturb_solution(p, rng, attempt) for p in positives]
 
 
 # The system instruction for the assistant LLM. The paper's (code) instruction asks for wrong
 # reasoning, a wrong result, similar length, a solution that looks right and plausible-
 # sounding content; we add the \boxed{} answer so math-verify can check it differs.
 REWRITE_SYSTEM = (
-    "You turn correct solutions of math problems into convincing wrong ones. Given a math "
-    "problem and a correct solution, write a new solution that:\n"
-    "1. uses wrong reasoning or wrong calculations;\n"
-    "2. reaches a final result different from the correct one;\n"
-    "3. has about the same length as the correct solution;\n"
-    "4. looks like a genuine, confident solution of the problem, with no hint that it is "
-    "wrong;\n"
-    "5. states its final answer as \\boxed{answer}.")
+  "You turn correct solutions of math problems into convincing wrong ones. Given a math "
+  "problem and a correct solution, write a new solution that:\n"
+  "1. uses wrong reasoning or wrong calculations;\n"
+  "2. reaches a final result different from the correct one;\n"
+  "3. has about the same length as the correct solution;\n"
+  "4. looks like a genuine, confident solution of the problem, with no hint that it is "
+  "wrong;\n"
+  "5. states its final answer as \\boxed{answer}."
+)
 
 
 def rewrite_prompt(question: str, positive: str) -> str:
-    """The user message asking for a wrong rewrite of `positive` (pure; no template)."""
-    return (f"Math problem:\n{question}\n\n"
-            f"Correct solution:\n{positive}\n\n"
-            "Reply with the wrong solution only: its steps and the final answer in "
-            "\\boxed{}, nothing else.")
+  """The user message asking for a wrong rewrite of `positive` (pure; no template)."""
+  return (
+    f"Math problem:\n{question}\n\n"
+    f"Correct solution:\n{positive}\n\n"
+    "Reply with the wrong solution only: its steps and the final answer in "
+    "\\boxed{}, nothing else."
+  )
 
 
 def rewrite_token_budget(positive: str) -> int:
-    """Paper (code): max tokens = number of words in the positive + 500."""
-    return len(positive.split()) + 500
+  """Paper (code): max tokens = number of words in the positive + 500."""
+  return len(positive.split()) + 500
 
 
 class LLMRewriteNegatives:
-    """Negatives written by a frozen assistant LLM (the paper's generator).
+  """Negatives written by a frozen assistant LLM (the paper's generator).
 
-    The assistant is loaded like any policy (`load_pretrained`), sampled at temperature 0.7.
-    The sampler takes one static length per batch, so the batch runs for
-    min(max_new_tokens, max over rows of words + 500) tokens and each row is then cut to its
-    own budget, as the per-request max_tokens of the reference code would. Rows are padded to
-    a power of two and prompts to a multiple of `batch_pad_multiple` tokens, so retries on a
-    few rows reuse a handful of compiled shapes.
-    """
-    name = "llm_rewrite"
+  The assistant is loaded like any policy (`load_pretrained`), sampled at temperature 0.7.
+  The sampler takes one static length per batch, so the batch runs for
+  min(max_new_tokens, max over rows of words + 500) tokens and each row is then cut to its
+  own budget, as the per-request max_tokens of the reference code would. Rows are padded to
+  a power of two and prompts to a multiple of `batch_pad_multiple` tokens, so retries on a
+  few rows reuse a handful of compiled shapes.
+  """
 
-    def __init__(self, cfg, params, tokenizer, *, temperature: float = 0.7,
-                 max_new_tokens: int, batch_pad_multiple: int = 64, top_p: float = 1.0):
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        self.cfg, self.params, self.tokenizer = cfg, params, tokenizer
-        self.temperature, self.top_p = temperature, top_p
-        self.max_new_tokens, self.batch_pad_multiple = max_new_tokens, batch_pad_multiple
+  name = "llm_rewrite"
 
-    def chat_prompts(self, questions: list[str], positives: list[str]) -> list[str]:
-        return [self.tokenizer.chat_prompt(rewrite_prompt(q, p), system=REWRITE_SYSTEM)
-                for q, p in zip(questions, positives)]
+  def __init__(
+    self,
+    cfg,
+    params,
+    tokenizer,
+    *,
+    temperature: float = 0.7,
+    max_new_tokens: int,
+    batch_pad_multiple: int = 64,
+    top_p: float = 1.0,
+  ):
+    if max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    self.cfg, self.params, self.tokenizer = cfg, params, tokenizer
+    self.temperature, self.top_p = temperature, top_p
+    self.max_new_tokens, self.batch_pad_multiple = max_new_tokens, batch_pad_multiple
 
-    def generate(self, questions: list[str], positives: list[str], attempt: int,
-                 rng: np.random.Generator) -> list[str]:
-        import jax  # pylint: disable=import-outside-toplevel
+  def chat_prompts(self, questions: list[str], positives: list[str]) -> list[str]:
+    return [
+      self.tokenizer.chat_prompt(rewrite_prompt(q, p), system=REWRITE_SYSTEM)
+      for q, p in zip(questions, positives)
+    ]
 
-        from cooper_jax.sampling import generate  # pylint: disable=import-outside-toplevel
+  def generate(
+    self, questions: list[str], positives: list[str], attempt: int, rng: np.random.Generator
+  ) -> list[str]:
+    import jax  # pylint: disable=import-outside-toplevel
 
-        del attempt  # a fresh sample per try is what the reference code retries with
-        n = len(positives)
-        if n == 0:
-            return []
-        budgets = [min(self.max_new_tokens, rewrite_token_budget(p)) for p in positives]
-        prompts = self.chat_prompts(questions, positives)
-        rows = 1 << (n - 1).bit_length()
-        prompts += [prompts[-1]] * (rows - n)  # filler rows, discarded below
-        key = jax.random.key(int(rng.integers(2**31 - 1)))
-        _, out = generate(self.cfg, self.params, self.tokenizer, prompts, key,
-                          max_new_tokens=max(budgets), temperature=self.temperature,
-                          top_p=self.top_p, chat=False, pad_to_multiple=self.batch_pad_multiple)
-        toks, mask = np.asarray(out.tokens), np.asarray(out.mask)
-        return [self.tokenizer.decode(toks[i][mask[i]][:budgets[i]].tolist()) for i in range(n)]
+    from cooper_jax.sampling import generate  # pylint: disable=import-outside-toplevel
+
+    del attempt  # a fresh sample per try is what the reference code retries with
+    n = len(positives)
+    if n == 0:
+      return []
+    budgets = [min(self.max_new_tokens, rewrite_token_budget(p)) for p in positives]
+    prompts = self.chat_prompts(questions, positives)
+    rows = 1 << (n - 1).bit_length()
+    prompts += [prompts[-1]] * (rows - n)  # filler rows, discarded below
+    key = jax.random.key(int(rng.integers(2**31 - 1)))
+    _, out = generate(
+      self.cfg,
+      self.params,
+      self.tokenizer,
+      prompts,
+      key,
+      max_new_tokens=max(budgets),
+      temperature=self.temperature,
+      top_p=self.top_p,
+      chat=False,
+      pad_to_multiple=self.batch_pad_multiple,
+    )
+    toks, mask = np.asarray(out.tokens), np.asarray(out.mask)
+    return [self.tokenizer.decode(toks[i][mask[i]][: budgets[i]].tolist()) for i in range(n)]
 
 
 def make_negative_generator(name: str, **kw) -> NegativeGenerator:
-    """"perturb" -> PerturbNegatives(); "llm_rewrite" -> LLMRewriteNegatives(cfg, params,
-    tokenizer, max_new_tokens=..., ...)."""
-    if name == "perturb":
-        return PerturbNegatives(**kw)
-    if name == "llm_rewrite":
-        return LLMRewriteNegatives(**kw)
-    raise ValueError(f"unknown negative generator {name!r} (use 'perturb' or 'llm_rewrite')")
+  """ "perturb" -> PerturbNegatives(); "llm_rewrite" -> LLMRewriteNegatives(cfg, params,
+  tokenizer, max_new_tokens=..., ...)."""
+  if name == "perturb":
+    return PerturbNegatives(**kw)
+  if name == "llm_rewrite":
+    return LLMRewriteNegatives(**kw)
+  raise ValueError(f"unknown negative generator {name!r} (use 'perturb' or 'llm_rewrite')")
 
 
 # --------------------------------------------------------------------------------------------
 # Acceptance and pair building
 # --------------------------------------------------------------------------------------------
 
-def check_negatives(verifier: RuleVerifier, negatives: list[str], positives: list[str], *,
-                    deadline_s: float = 5.0,
-                    accept_no_answer: bool = False) -> list[str | None]:
-    """The one acceptance rule: None where a negative is accepted, else its reject reason.
 
-    Accepted only when math-verify says the answers differ. The reference code also accepts
-    a negative with no parseable answer (`not verify([], pos)` is True); by default we reject
-    it ("no_answer"): an RM trained on such pairs can learn "no \\boxed{} -> wrong" instead
-    of checking the answer. Timeouts and verifier errors are rejects, never accepts.
-    """
-    reasons: list[str | None] = ["empty"] * len(negatives)
-    live = [i for i, neg in enumerate(negatives) if neg and neg.strip()]
-    if not live:
-        return reasons
-    res = verifier.differ_batch([negatives[i] for i in live], [positives[i] for i in live],
-                                deadline_s)
-    for i, status, differ in zip(live, res.status, res.differ):
-        if status == "ok":
-            reasons[i] = None if differ else "same_answer"
-        elif status == "no_answer":
-            reasons[i] = None if accept_no_answer else "no_answer"
-        else:
-            reasons[i] = "timeout" if status == "timeout" else "error"
+def check_negatives(
+  verifier: RuleVerifier,
+  negatives: list[str],
+  positives: list[str],
+  *,
+  deadline_s: float = 5.0,
+  accept_no_answer: bool = False,
+) -> list[str | None]:
+  """The one acceptance rule: None where a negative is accepted, else its reject reason.
+
+  Accepted only when math-verify says the answers differ. The reference code also accepts
+  a negative with no parseable answer (`not verify([], pos)` is True); by default we reject
+  it ("no_answer"): an RM trained on such pairs can learn "no \\boxed{} -> wrong" instead
+  of checking the answer. Timeouts and verifier errors are rejects, never accepts.
+  """
+  reasons: list[str | None] = ["empty"] * len(negatives)
+  live = [i for i, neg in enumerate(negatives) if neg and neg.strip()]
+  if not live:
     return reasons
+  res = verifier.differ_batch(
+    [negatives[i] for i in live], [positives[i] for i in live], deadline_s
+  )
+  for i, status, differ in zip(live, res.status, res.differ):
+    if status == "ok":
+      reasons[i] = None if differ else "same_answer"
+    elif status == "no_answer":
+      reasons[i] = None if accept_no_answer else "no_answer"
+    else:
+      reasons[i] = "timeout" if status == "timeout" else "error"
+  return reasons
 
 
 @dataclasses.dataclass
 class PairBatch:
-    """One row per prompt. Where valid is False, negative is "" and drop_reason says why:
-    "no_positive", or the reject reason of the last of max_tries candidates."""
-    questions: list[str]
-    references: list[str]
-    positives: list[str]           # "" where the prompt had no correct rollout
-    negatives: list[str]
-    valid: np.ndarray              # bool [n_prompts]
-    positive_index: np.ndarray     # int [n_prompts], row in the rollout batch, -1 if none
-    drop_reason: list[str | None]  # None where valid
+  """One row per prompt. Where valid is False, negative is "" and drop_reason says why:
+  "no_positive", or the reject reason of the last of max_tries candidates."""
+
+  questions: list[str]
+  references: list[str]
+  positives: list[str]  # "" where the prompt had no correct rollout
+  negatives: list[str]
+  valid: np.ndarray  # bool [n_prompts]
+  positive_index: np.ndarray  # int [n_prompts], row in the rollout batch, -1 if none
+  drop_reason: list[str | None]  # None where valid
 
 
-def build_pairs(questions: list[str], references: list[str], completions: list[str],
-                correct_b: np.ndarray, group_size: int, negatives: NegativeGenerator,
-                verifier: RuleVerifier, *, strategy: str = "first", rng: np.random.Generator,
-                max_tries: int = 3, deadline_s: float = 5.0,
-                accept_no_answer: bool = False) -> tuple[PairBatch, dict]:
-    """(PairBatch, stats) from one RL step's rollouts.
+def build_pairs(
+  questions: list[str],
+  references: list[str],
+  completions: list[str],
+  correct_b: np.ndarray,
+  group_size: int,
+  negatives: NegativeGenerator,
+  verifier: RuleVerifier,
+  *,
+  strategy: str = "first",
+  rng: np.random.Generator,
+  max_tries: int = 3,
+  deadline_s: float = 5.0,
+  accept_no_answer: bool = False,
+) -> tuple[PairBatch, dict]:
+  """(PairBatch, stats) from one RL step's rollouts.
 
-    questions/references: one per prompt; completions/correct_b: n_prompts * group_size
-    rollouts, prompt-major. stats: n_prompts, n_with_positive, n_valid, valid_pair_rate
-    (valid / prompts, the reference code's reward/valid_rate), negative_tries (candidates
-    made), rejects by reason (every rejected candidate), dropped_no_positive,
-    dropped_max_tries, verifier_restarts, negatives_s, check_s.
-    """
-    n = len(questions)
-    if len(references) != n:
-        raise ValueError(f"{n} questions but {len(references)} references")
-    if len(completions) != n * group_size or np.size(correct_b) != n * group_size:
-        raise ValueError(f"expected {n} x {group_size} rollouts, got {len(completions)} "
-                         f"completions and {np.size(correct_b)} correct flags")
-    if max_tries < 1:
-        raise ValueError(f"max_tries must be >= 1, got {max_tries}")
-    pos_idx = select_positives(correct_b, group_size, strategy, rng)
-    positives = [completions[j] if j >= 0 else "" for j in pos_idx]
-    negs = [""] * n
-    drop: list[str | None] = [None if j >= 0 else "no_positive" for j in pos_idx]
-    rejects = dict.fromkeys(REJECT_REASONS, 0)
-    tries, gen_s, check_s = 0, 0.0, 0.0
-    restarts0 = verifier.total_restarts
+  questions/references: one per prompt; completions/correct_b: n_prompts * group_size
+  rollouts, prompt-major. stats: n_prompts, n_with_positive, n_valid, valid_pair_rate
+  (valid / prompts, the reference code's reward/valid_rate), negative_tries (candidates
+  made), rejects by reason (every rejected candidate), dropped_no_positive,
+  dropped_max_tries, verifier_restarts, negatives_s, check_s.
+  """
+  n = len(questions)
+  if len(references) != n:
+    raise ValueError(f"{n} questions but {len(references)} references")
+  if len(completions) != n * group_size or np.size(correct_b) != n * group_size:
+    raise ValueError(
+      f"expected {n} x {group_size} rollouts, got {len(completions)} "
+      f"completions and {np.size(correct_b)} correct flags"
+    )
+  if max_tries < 1:
+    raise ValueError(f"max_tries must be >= 1, got {max_tries}")
+  pos_idx = select_positives(correct_b, group_size, strategy, rng)
+  positives = [completions[j] if j >= 0 else "" for j in pos_idx]
+  negs = [""] * n
+  drop: list[str | None] = [None if j >= 0 else "no_positive" for j in pos_idx]
+  rejects = dict.fromkeys(REJECT_REASONS, 0)
+  tries, gen_s, check_s = 0, 0.0, 0.0
+  restarts0 = verifier.total_restarts
 
-    pending = [p for p in range(n) if pos_idx[p] >= 0]
-    for attempt in range(max_tries):
-        if not pending:
-            break
-        t0 = time.monotonic()
-        cands = negatives.generate([questions[p] for p in pending],
-                                   [positives[p] for p in pending], attempt, rng)
-        gen_s += time.monotonic() - t0
-        if len(cands) != len(pending):
-            raise ValueError(f"negative generator {negatives.name!r} returned {len(cands)} "
-                             f"candidates for {len(pending)} rows")
-        cands = [c if isinstance(c, str) else "" for c in cands]
-        tries += len(cands)
-        t0 = time.monotonic()
-        reasons = check_negatives(verifier, cands, [positives[p] for p in pending],
-                                  deadline_s=deadline_s, accept_no_answer=accept_no_answer)
-        check_s += time.monotonic() - t0
-        still = []
-        for p, cand, reason in zip(pending, cands, reasons):
-            if reason is None:
-                negs[p], drop[p] = cand, None
-            else:
-                rejects[reason] += 1
-                drop[p] = reason
-                still.append(p)
-        pending = still
+  pending = [p for p in range(n) if pos_idx[p] >= 0]
+  for attempt in range(max_tries):
+    if not pending:
+      break
+    t0 = time.monotonic()
+    cands = negatives.generate(
+      [questions[p] for p in pending], [positives[p] for p in pending], attempt, rng
+    )
+    gen_s += time.monotonic() - t0
+    if len(cands) != len(pending):
+      raise ValueError(
+        f"negative generator {negatives.name!r} returned {len(cands)} "
+        f"candidates for {len(pending)} rows"
+      )
+    cands = [c if isinstance(c, str) else "" for c in cands]
+    tries += len(cands)
+    t0 = time.monotonic()
+    reasons = check_negatives(
+      verifier,
+      cands,
+      [positives[p] for p in pending],
+      deadline_s=deadline_s,
+      accept_no_answer=accept_no_answer,
+    )
+    check_s += time.monotonic() - t0
+    still = []
+    for p, cand, reason in zip(pending, cands, reasons):
+      if reason is None:
+        negs[p], drop[p] = cand, None
+      else:
+        rejects[reason] += 1
+        drop[p] = reason
+        still.append(p)
+    pending = still
 
-    valid = np.array([d is None for d in drop], dtype=bool)
-    n_pos = int((pos_idx >= 0).sum())
-    n_valid = int(valid.sum())
-    stats = {
-        "n_prompts": n,
-        "n_with_positive": n_pos,
-        "n_valid": n_valid,
-        "valid_pair_rate": n_valid / n if n else 0.0,
-        "negative_tries": tries,
-        "rejects": rejects,
-        "dropped_no_positive": n - n_pos,
-        "dropped_max_tries": n_pos - n_valid,
-        "verifier_restarts": verifier.total_restarts - restarts0,
-        "negatives_s": gen_s,
-        "check_s": check_s,
-    }
-    batch = PairBatch(questions=list(questions), references=list(references),
-                      positives=positives, negatives=negs, valid=valid,
-                      positive_index=pos_idx, drop_reason=drop)
-    return batch, stats
+  valid = np.array([d is None for d in drop], dtype=bool)
+  n_pos = int((pos_idx >= 0).sum())
+  n_valid = int(valid.sum())
+  stats = {
+    "n_prompts": n,
+    "n_with_positive": n_pos,
+    "n_valid": n_valid,
+    "valid_pair_rate": n_valid / n if n else 0.0,
+    "negative_tries": tries,
+    "rejects": rejects,
+    "dropped_no_positive": n - n_pos,
+    "dropped_max_tries": n_pos - n_valid,
+    "verifier_restarts": verifier.total_restarts - restarts0,
+    "negatives_s": gen_s,
+    "check_s": check_s,
+  }
+  batch = PairBatch(
+    questions=list(questions),
+    references=list(references),
+    positives=positives,
+    negatives=negs,
+    valid=valid,
+    positive_index=pos_idx,
+    drop_reason=drop,
+  )
+  return batch, stats

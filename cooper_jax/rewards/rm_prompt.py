@@ -25,50 +25,60 @@ TAIL_CHARS = 1000
 
 
 def cut_long_text(text: str) -> str:
-    """text[:500] + text[-1000:] when len(text) > 1500, else text unchanged (reference rule)."""
-    text = str(text)
-    if len(text) > CUT_ABOVE_CHARS:
-        return text[:HEAD_CHARS] + text[-TAIL_CHARS:]
-    return text
+  """text[:500] + text[-1000:] when len(text) > 1500, else text unchanged (reference rule)."""
+  text = str(text)
+  if len(text) > CUT_ABOVE_CHARS:
+    return text[:HEAD_CHARS] + text[-TAIL_CHARS:]
+  return text
 
 
 def build_rm_input(question: str, reference: str, completion: str) -> str:
-    """The RM's input text for one (question, reference answer, completion) triple."""
-    return (f"<question>{question}</question>\n"
-            f"<reference_answer>{cut_long_text(reference)}</reference_answer>\n"
-            f"<completion>{cut_long_text(completion)}</completion>")
+  """The RM's input text for one (question, reference answer, completion) triple."""
+  return (
+    f"<question>{question}</question>\n"
+    f"<reference_answer>{cut_long_text(reference)}</reference_answer>\n"
+    f"<completion>{cut_long_text(completion)}</completion>"
+  )
 
 
-def encode_rm_inputs(tokenizer, questions: Sequence[str], references: Sequence[str],
-                     completions: Sequence[str], max_len: int, *,
-                     pad_to_multiple: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
-    """(tokens int32 [B, T], mask bool [B, T], n_truncated), left padded, T <= max_len.
+def encode_rm_inputs(
+  tokenizer,
+  questions: Sequence[str],
+  references: Sequence[str],
+  completions: Sequence[str],
+  max_len: int,
+  *,
+  pad_to_multiple: int = 1,
+) -> tuple[np.ndarray, np.ndarray, int]:
+  """(tokens int32 [B, T], mask bool [B, T], n_truncated), left padded, T <= max_len.
 
-    An input longer than max_len tokens keeps its LAST max_len tokens. Why the end: the score
-    is read at the last real token, and the end holds the completion's final answer. (The
-    reference code right-truncates by default, which cuts exactly the answer the RM must
-    judge; with the 500+1000 character cut above this only bites on very long questions.)
-    Every such cut is counted in n_truncated so the caller can report it.
-    No special tokens are added (as the reference code: add_special_tokens=False).
-    """
-    n = len(questions)
-    if not n:
-        raise ValueError("encode_rm_inputs needs at least one input")
-    if len(references) != n or len(completions) != n:
-        raise ValueError(f"length mismatch: {n} questions, {len(references)} references, "
-                         f"{len(completions)} completions")
-    if max_len < 1 or pad_to_multiple < 1:
-        raise ValueError(f"max_len and pad_to_multiple must be >= 1, got {max_len}, "
-                         f"{pad_to_multiple}")
-    rows = [tokenizer.encode(build_rm_input(q, a, o))
-            for q, a, o in zip(questions, references, completions)]
-    n_truncated = sum(len(r) > max_len for r in rows)
-    rows = [r[-max_len:] for r in rows]
-    longest = max(len(r) for r in rows)
-    width = min(max_len, -(-longest // pad_to_multiple) * pad_to_multiple)
-    tokens = np.full((n, width), tokenizer.pad_id, dtype=np.int32)
-    mask = np.zeros((n, width), dtype=np.bool_)
-    for i, r in enumerate(rows):
-        tokens[i, width - len(r):] = r
-        mask[i, width - len(r):] = True
-    return tokens, mask, int(n_truncated)
+  An input longer than max_len tokens keeps its LAST max_len tokens. Why the end: the score
+  is read at the last real token, and the end holds the completion's final answer. (The
+  reference code right-truncates by default, which cuts exactly the answer the RM must
+  judge; with the 500+1000 character cut above this only bites on very long questions.)
+  Every such cut is counted in n_truncated so the caller can report it.
+  No special tokens are added (as the reference code: add_special_tokens=False).
+  """
+  n = len(questions)
+  if not n:
+    raise ValueError("encode_rm_inputs needs at least one input")
+  if len(references) != n or len(completions) != n:
+    raise ValueError(
+      f"length mismatch: {n} questions, {len(references)} references, "
+      f"{len(completions)} completions"
+    )
+  if max_len < 1 or pad_to_multiple < 1:
+    raise ValueError(f"max_len and pad_to_multiple must be >= 1, got {max_len}, {pad_to_multiple}")
+  rows = [
+    tokenizer.encode(build_rm_input(q, a, o)) for q, a, o in zip(questions, references, completions)
+  ]
+  n_truncated = sum(len(r) > max_len for r in rows)
+  rows = [r[-max_len:] for r in rows]
+  longest = max(len(r) for r in rows)
+  width = min(max_len, -(-longest // pad_to_multiple) * pad_to_multiple)
+  tokens = np.full((n, width), tokenizer.pad_id, dtype=np.int32)
+  mask = np.zeros((n, width), dtype=np.bool_)
+  for i, r in enumerate(rows):
+    tokens[i, width - len(r) :] = r
+    mask[i, width - len(r) :] = True
+  return tokens, mask, int(n_truncated)

@@ -5,8 +5,20 @@ solutions and deliberately wrong worked solutions. `small_tokenizer`: a byte-lev
 tokenizer fitted to that task, saved as a Hugging Face tokenizer directory.
 """
 
-from cooper_jax.tasks.arith import (DIFFICULTIES, boxed_answer, generate_rows, make_problem,
-                                    make_wrong_solution, write_split)
+from cooper_jax.tasks.arith import (
+  DIFFICULTIES,
+  boxed_answer,
+  generate_rows,
+  make_problem,
+  make_wrong_solution,
+  write_split,
+)
 
-__all__ = ["DIFFICULTIES", "boxed_answer", "generate_rows", "make_problem",
-           "make_wrong_solution", "write_split"]
+__all__ = [
+  "DIFFICULTIES",
+  "boxed_answer",
+  "generate_rows",
+  "make_problem",
+  "make_wrong_solution",
+  "write_split",
+]

@@ -27,8 +27,8 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -39,21 +39,61 @@ DIFFICULTIES = (1, 2, 3)
 # Ranges are small on purpose: a ~0.2M-parameter model must learn the arithmetic from a few
 # thousand examples on a CPU (with 2-3 digit operands it learned the format but not the sums).
 _LEVELS = {
-    1: ((2, 9), (1, 9), 1, False),
-    2: ((3, 15), (1, 9), 2, False),
-    3: ((10, 40), (2, 15), 3, True),
+  1: ((2, 9), (1, 9), 1, False),
+  2: ((3, 15), (1, 9), 2, False),
+  3: ((10, 40), (2, 15), 3, True),
 }
-_NAMES = (("Tom", "he"), ("Anna", "she"), ("Ben", "he"), ("Lucy", "she"), ("Sam", "he"),
-          ("Mia", "she"), ("Leo", "he"), ("Emma", "she"), ("Jack", "he"), ("Sara", "she"),
-          ("Max", "he"), ("Lily", "she"), ("Noah", "he"), ("Zoe", "she"), ("Omar", "he"),
-          ("Nina", "she"))
-_ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "cards", "books", "shells",
-          "coins", "stamps", "balloons", "candies", "toy cars", "beads", "oranges", "eggs")
+_NAMES = (
+  ("Tom", "he"),
+  ("Anna", "she"),
+  ("Ben", "he"),
+  ("Lucy", "she"),
+  ("Sam", "he"),
+  ("Mia", "she"),
+  ("Leo", "he"),
+  ("Emma", "she"),
+  ("Jack", "he"),
+  ("Sara", "she"),
+  ("Max", "he"),
+  ("Lily", "she"),
+  ("Noah", "he"),
+  ("Zoe", "she"),
+  ("Omar", "he"),
+  ("Nina", "she"),
+)
+_ITEMS = (
+  "apples",
+  "marbles",
+  "stickers",
+  "pencils",
+  "cookies",
+  "cards",
+  "books",
+  "shells",
+  "coins",
+  "stamps",
+  "balloons",
+  "candies",
+  "toy cars",
+  "beads",
+  "oranges",
+  "eggs",
+)
 _CONTAINERS = ("bags", "boxes", "packs", "jars")
-_ADD = ("{P} buys {n} more.", "{P} finds {n} more.", "{F} gives {o} {n} more.",
-        "{P} wins {n} more in a game.", "{P} gets {n} more from {F}.")
-_SUB = ("{P} gives away {n}.", "{P} loses {n}.", "{P} gives {n} to {F}.", "{P} sells {n}.",
-        "{P} uses {n} of them.")
+_ADD = (
+  "{P} buys {n} more.",
+  "{P} finds {n} more.",
+  "{F} gives {o} {n} more.",
+  "{P} wins {n} more in a game.",
+  "{P} gets {n} more from {F}.",
+)
+_SUB = (
+  "{P} gives away {n}.",
+  "{P} loses {n}.",
+  "{P} gives {n} to {F}.",
+  "{P} sells {n}.",
+  "{P} uses {n} of them.",
+)
 _MUL = "{P} buys {k} {c} with {m} {items} in each."
 _ASK = ("How many {items} does {name} have now?", "How many {items} does {name} have in the end?")
 
@@ -120,8 +160,13 @@ def make_problem(rng: np.random.Generator, difficulty: int) -> dict:
     s = sentences[i]
     sentences[i] = "Then " + s[:1].lower() + s[1:] if not s.startswith(friend) else "Then " + s
   sentences.append(_ASK[rng.integers(len(_ASK))].format(items=items, name=name))
-  return {"question": " ".join(sentences), "answer": str(cur),
-          "solution": format_solution(lines), "difficulty": int(difficulty), "source": SOURCE}
+  return {
+    "question": " ".join(sentences),
+    "answer": str(cur),
+    "solution": format_solution(lines),
+    "difficulty": int(difficulty),
+    "source": SOURCE,
+  }
 
 
 def parse_solution(solution: str) -> list[tuple[int, str, int, int]]:
@@ -202,8 +247,12 @@ def boxed_answer(text: str) -> int | None:
   return int(found[-1]) if found else None
 
 
-def generate_rows(n: int, seed: int, difficulties: Iterable[int] = DIFFICULTIES,
-                  exclude_questions: Iterable[str] = ()) -> list[dict]:
+def generate_rows(
+  n: int,
+  seed: int,
+  difficulties: Iterable[int] = DIFFICULTIES,
+  exclude_questions: Iterable[str] = (),
+) -> list[dict]:
   """n problems with ids f"arith-{seed}-{i}", difficulty cycling through `difficulties`.
 
   Row i depends only on (seed, i) (plus retries), so a longer split extends a shorter one.
@@ -246,9 +295,13 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> Path:
   return path
 
 
-def write_split(path: str | os.PathLike, n: int, seed: int,
-                difficulties: Iterable[int] = DIFFICULTIES,
-                exclude_questions: Iterable[str] = ()) -> list[dict]:
+def write_split(
+  path: str | os.PathLike,
+  n: int,
+  seed: int,
+  difficulties: Iterable[int] = DIFFICULTIES,
+  exclude_questions: Iterable[str] = (),
+) -> list[dict]:
   """Generates `n` rows (see generate_rows) and writes them to `path` as JSONL; returns them."""
   rows = generate_rows(n, seed, difficulties, exclude_questions)
   write_jsonl(path, rows)

@@ -34,9 +34,10 @@ DEFAULT_VOCAB_SIZE = 640
 # SmolLM2-Instruct's ChatML template without its default system message: every prompt token
 # is paid for in every rollout on a CPU, and a from-scratch model gains nothing from it.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+  "{% for message in messages %}"
+  "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+  "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 def training_corpus(n_rows: int = 3000, seed: int = 12345) -> list[str]:
@@ -47,36 +48,48 @@ def training_corpus(n_rows: int = 3000, seed: int = 12345) -> list[str]:
   for r in rows:
     wrong = make_wrong_solution(r, rng)
     texts += [
-        "user\n" + r["question"] + INSTRUCTION_SUFFIX
-        + "\nassistant\n" + r["solution"],
-        wrong,
-        build_rm_input(r["question"], r["answer"], r["solution"]),
+      "user\n" + r["question"] + INSTRUCTION_SUFFIX + "\nassistant\n" + r["solution"],
+      wrong,
+      build_rm_input(r["question"], r["answer"], r["solution"]),
     ]
   return texts
 
 
-def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, n_rows: int = 3000,
-                        seed: int = 12345) -> RawTokenizer:
+def build_raw_tokenizer(
+  vocab_size: int = DEFAULT_VOCAB_SIZE, n_rows: int = 3000, seed: int = 12345
+) -> RawTokenizer:
   """The `tokenizers` object: byte-level BPE with digit isolation, trained on the task corpus."""
   n_bytes = len(pre_tokenizers.ByteLevel.alphabet())
   if vocab_size < n_bytes + len(SPECIAL_TOKENS):
-    raise ValueError(f"vocab_size must be >= {n_bytes + len(SPECIAL_TOKENS)} (all bytes + "
-                     f"special tokens), got {vocab_size}")
+    raise ValueError(
+      f"vocab_size must be >= {n_bytes + len(SPECIAL_TOKENS)} (all bytes + "
+      f"special tokens), got {vocab_size}"
+    )
   raw = RawTokenizer(models.BPE(fuse_unk=False))
-  raw.pre_tokenizer = pre_tokenizers.Sequence([
+  raw.pre_tokenizer = pre_tokenizers.Sequence(
+    [
       pre_tokenizers.Digits(individual_digits=True),
       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-  ])
+    ]
+  )
   raw.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(
-      vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), min_frequency=2,
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    vocab_size=vocab_size,
+    special_tokens=list(SPECIAL_TOKENS),
+    min_frequency=2,
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=False,
+  )
   raw.train_from_iterator(training_corpus(n_rows, seed), trainer=trainer)
   return raw
 
 
-def build_small_tokenizer(out_dir: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                          n_rows: int = 3000, seed: int = 12345) -> Path:
+def build_small_tokenizer(
+  out_dir: str | os.PathLike,
+  vocab_size: int = DEFAULT_VOCAB_SIZE,
+  n_rows: int = 3000,
+  seed: int = 12345,
+) -> Path:
   """Builds the tokenizer and saves it as an HF tokenizer directory (atomic replace).
 
   Load it with `cooper_jax.tokenizer.load_tokenizer(out_dir)`; `save_hf_dir(...,
@@ -84,11 +97,18 @@ def build_small_tokenizer(out_dir: str | os.PathLike, vocab_size: int = DEFAULT_
   """
   raw = build_raw_tokenizer(vocab_size, n_rows, seed)
   hf = PreTrainedTokenizerFast(
-      tokenizer_object=raw, bos_token="<|im_start|>", eos_token="<|im_end|>",
-      unk_token="<|endoftext|>", pad_token="<|pad|>", chat_template=CHAT_TEMPLATE,
-      # Cleanup would turn " ," into "," and break decode(encode(x)) == x.
-      clean_up_tokenization_spaces=False, model_max_length=512)
+    tokenizer_object=raw,
+    bos_token="<|im_start|>",
+    eos_token="<|im_end|>",
+    unk_token="<|endoftext|>",
+    pad_token="<|pad|>",
+    chat_template=CHAT_TEMPLATE,
+    # Cleanup would turn " ," into "," and break decode(encode(x)) == x.
+    clean_up_tokenization_spaces=False,
+    model_max_length=512,
+  )
   from cooper_jax.weights.hf_io import atomic_dir  # pylint: disable=import-outside-toplevel
+
   with atomic_dir(out_dir) as tmp:
     hf.save_pretrained(tmp)
   return Path(out_dir)
@@ -96,6 +116,7 @@ def build_small_tokenizer(out_dir: str | os.PathLike, vocab_size: int = DEFAULT_
 
 def main(argv=None) -> None:
   import argparse  # pylint: disable=import-outside-toplevel
+
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--out", required=True)
   p.add_argument("--vocab_size", type=int, default=DEFAULT_VOCAB_SIZE)

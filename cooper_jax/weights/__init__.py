@@ -16,12 +16,14 @@ def resolve_source(source: str) -> str:
   """A model source string -> a local path (the embedded name maps to its GGUF file)."""
   if source == EMBEDDED_NAME:
     from cooper_jax.weights.embedded import embedded_gguf_path  # pylint: disable=import-outside-toplevel
+
     return os.fspath(embedded_gguf_path())
   return source
 
 
-def load_pretrained(source: str, *, head: str | None = None,
-                    **cfg_overrides) -> tuple[ModelConfig, dict]:
+def load_pretrained(
+  source: str, *, head: str | None = None, **cfg_overrides
+) -> tuple[ModelConfig, dict]:
   """(config, params) from an HF directory, a .gguf file, the embedded name, or a hub repo id.
 
   `head="score"` on a causal LM gives a reward model with a fresh zero score head.
@@ -39,13 +41,23 @@ def load_pretrained(source: str, *, head: str | None = None,
   # Not local: a hub repo id, for users with hub access (fails here without network).
   try:
     from huggingface_hub import snapshot_download  # pylint: disable=import-outside-toplevel
-    local = snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt",
-                                                    "*.model", "*.jinja"])
+
+    local = snapshot_download(
+      path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
+    )
   except Exception as e:  # noqa: BLE001 - re-raised with the source named
-    raise FileNotFoundError(f"model source {source!r} is not a local directory or .gguf file, "
-                            f"and downloading it from the hub failed: {e}") from e
+    raise FileNotFoundError(
+      f"model source {source!r} is not a local directory or .gguf file, "
+      f"and downloading it from the hub failed: {e}"
+    ) from e
   return load_hf_dir(local, head=head, **cfg_overrides)
 
 
-__all__ = ["EMBEDDED_NAME", "load_pretrained", "load_gguf", "load_hf_dir", "save_hf_dir",
-           "resolve_source"]
+__all__ = [
+  "EMBEDDED_NAME",
+  "load_pretrained",
+  "load_gguf",
+  "load_hf_dir",
+  "save_hf_dir",
+  "resolve_source",
+]

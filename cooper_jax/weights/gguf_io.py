@@ -10,18 +10,21 @@ from cooper_jax.models.config import ModelConfig
 from cooper_jax.weights.convert import params_from_hf
 
 _LAYER_NAMES = {  # GGUF blk.{i}.<name> -> HF model.layers.{i}.<name>
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
+  "attn_norm.weight": "input_layernorm.weight",
+  "ffn_norm.weight": "post_attention_layernorm.weight",
+  "attn_q.weight": "self_attn.q_proj.weight",
+  "attn_k.weight": "self_attn.k_proj.weight",
+  "attn_v.weight": "self_attn.v_proj.weight",
+  "attn_output.weight": "self_attn.o_proj.weight",
+  "ffn_gate.weight": "mlp.gate_proj.weight",
+  "ffn_up.weight": "mlp.up_proj.weight",
+  "ffn_down.weight": "mlp.down_proj.weight",
 }
-_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-              "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_TOP_NAMES = {
+  "token_embd.weight": "model.embed_tokens.weight",
+  "output_norm.weight": "model.norm.weight",
+  "output.weight": "lm_head.weight",
+}
 
 
 def _field(reader, key, default=None):
@@ -41,8 +44,11 @@ def unpermute_rope_rows(w_oi: np.ndarray, n_heads: int) -> np.ndarray:
   number of KV heads.
   """
   out_dim = w_oi.shape[0]
-  return (w_oi.reshape(n_heads, out_dim // n_heads // 2, 2, *w_oi.shape[1:])
-          .swapaxes(1, 2).reshape(w_oi.shape))
+  return (
+    w_oi.reshape(n_heads, out_dim // n_heads // 2, 2, *w_oi.shape[1:])
+    .swapaxes(1, 2)
+    .reshape(w_oi.shape)
+  )
 
 
 def config_from_gguf(reader, **overrides) -> ModelConfig:
@@ -54,19 +60,25 @@ def config_from_gguf(reader, **overrides) -> ModelConfig:
   names = {t.name for t in reader.tensors}
   tokens = reader.fields.get("tokenizer.ggml.tokens")  # the fallback for a missing vocab_size
   kw = dict(
-      vocab_size=int(_field(reader, "llama.vocab_size",
-                            None if tokens is None else len(tokens.data))),
-      d_model=d_model, n_layers=int(_field(reader, "llama.block_count")), n_heads=n_heads,
-      n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", n_heads)),
-      head_dim=int(_field(reader, "llama.rope.dimension_count", d_model // n_heads)),
-      d_ff=int(_field(reader, "llama.feed_forward_length")),
-      rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-      rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-      qkv_bias=False, tie_embeddings="output.weight" not in names, family="llama",
-      max_seq_len=int(_field(reader, "llama.context_length", 4096)),
-      bos_id=int(_field(reader, "tokenizer.ggml.bos_token_id", -1)),
-      eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id", -1)),
-      pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", -1)))
+    vocab_size=int(
+      _field(reader, "llama.vocab_size", None if tokens is None else len(tokens.data))
+    ),
+    d_model=d_model,
+    n_layers=int(_field(reader, "llama.block_count")),
+    n_heads=n_heads,
+    n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", n_heads)),
+    head_dim=int(_field(reader, "llama.rope.dimension_count", d_model // n_heads)),
+    d_ff=int(_field(reader, "llama.feed_forward_length")),
+    rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
+    rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+    qkv_bias=False,
+    tie_embeddings="output.weight" not in names,
+    family="llama",
+    max_seq_len=int(_field(reader, "llama.context_length", 4096)),
+    bos_id=int(_field(reader, "tokenizer.ggml.bos_token_id", -1)),
+    eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id", -1)),
+    pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", -1)),
+  )
   kw = {k: (None if v == -1 and k.endswith("_id") else v) for k, v in kw.items()}
   kw.update(overrides)
   return ModelConfig(**kw)

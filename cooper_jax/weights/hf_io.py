@@ -50,8 +50,9 @@ def _tensor_files(ckpt_dir: Path) -> dict[str, Path]:
     return {name: single for name in f.keys()}
 
 
-def load_hf_dir(ckpt_dir: str | os.PathLike, *, head: str | None = None,
-                **cfg_overrides) -> tuple[ModelConfig, dict]:
+def load_hf_dir(
+  ckpt_dir: str | os.PathLike, *, head: str | None = None, **cfg_overrides
+) -> tuple[ModelConfig, dict]:
   """Loads a Llama/Qwen2 *ForCausalLM or *ForSequenceClassification directory.
 
   `head="score"` on a causal-LM checkpoint gives a reward model with the backbone's weights and
@@ -84,13 +85,16 @@ def load_hf_dir(ckpt_dir: str | os.PathLike, *, head: str | None = None,
     handles.clear()
   unused = set(files) - expected_hf_names(cfg) - {"lm_head.weight"}
   if unused:
-    raise ValueError(f"{ckpt_dir}: tensors not used by this config: {sorted(unused)[:5]}"
-                     f"{' ...' if len(unused) > 5 else ''}")
+    raise ValueError(
+      f"{ckpt_dir}: tensors not used by this config: {sorted(unused)[:5]}"
+      f"{' ...' if len(unused) > 5 else ''}"
+    )
   return cfg, params
 
 
-def save_hf_dir(cfg: ModelConfig, params, out_dir: str | os.PathLike, *,
-                tokenizer=None, dtype: str | None = None) -> Path:
+def save_hf_dir(
+  cfg: ModelConfig, params, out_dir: str | os.PathLike, *, tokenizer=None, dtype: str | None = None
+) -> Path:
   """Exports to a directory transformers loads (`AutoModelFor*.from_pretrained(out_dir)`).
 
   Written to a temporary sibling and renamed, so a crash never leaves a half-written export.
@@ -98,8 +102,9 @@ def save_hf_dir(cfg: ModelConfig, params, out_dir: str | os.PathLike, *,
   out_dir = Path(out_dir)
   dtype = dtype or cfg.param_dtype
   np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
-  tensors = {k: np.ascontiguousarray(v.astype(np_dtype))
-             for k, v in hf_from_params(cfg, params).items()}
+  tensors = {
+    k: np.ascontiguousarray(v.astype(np_dtype)) for k, v in hf_from_params(cfg, params).items()
+  }
   hf_cfg = to_hf_config(cfg.replace(param_dtype=dtype))
   with atomic_dir(out_dir) as tmp:
     save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
