@@ -12,13 +12,14 @@ h heads, k kv heads, g query heads per kv head, e head_dim, f feed-forward, v vo
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cooper_jax.models.config import ModelConfig
+from cooper_jax.models.config import ModelConfig, RopeScaling
 
 _NEG_INF = -1e30  # finite, so a fully masked row (a left-pad query) gives a uniform, not NaN
 
@@ -46,10 +47,31 @@ class RMSNorm(nn.Module):
     return x32.astype(self.dtype) * scale.astype(self.dtype)
 
 
-def rope(x_bthe, positions_bt, theta):
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None):
+  """RoPE inverse frequencies [head_dim / 2], float32, as transformers computes them.
+
+  With Llama-3 scaling, long wavelengths (beyond the pre-training context / low_freq_factor)
+  are slowed by `factor`, short ones (under context / high_freq_factor) kept, and the band
+  between blends the two linearly in context / wavelength. The operations and their order follow
+  transformers' _compute_llama3_parameters, so float32 rounding matches too.
+  """
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  if scaling is None:
+    return inv_freq
+  ctx = scaling.original_max_position_embeddings
+  low, high, factor = scaling.low_freq_factor, scaling.high_freq_factor, scaling.factor
+  wavelen = 2 * math.pi / inv_freq
+  long_wave = wavelen > ctx / low
+  scaled = jnp.where(long_wave, inv_freq / factor, inv_freq)
+  smooth = (ctx / wavelen - low) / (high - low)
+  blended = (1 - smooth) * scaled / factor + smooth * scaled
+  in_band = ~(wavelen < ctx / high) & ~long_wave
+  return jnp.where(in_band, blended, scaled)
+
+
+def rope(x_bthe, positions_bt, theta, scaling: RopeScaling | None = None):
   """Rotate-half RoPE, Hugging Face layout (first half / second half of head_dim)."""
-  e = x_bthe.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+  inv_freq = rope_inv_freq(x_bthe.shape[-1], theta, scaling)
   ang_bt_e2 = positions_bt.astype(jnp.float32)[..., None] * inv_freq
   cos = jnp.cos(ang_bt_e2)[:, :, None, :]
   sin = jnp.sin(ang_bt_e2)[:, :, None, :]
@@ -75,8 +97,8 @@ class Attention(nn.Module):
     q_bthe = dense((cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x_btd)
     k_btke = dense((cfg.n_kv_heads, cfg.head_dim), "k", cfg.qkv_bias)(x_btd)
     v_btke = dense((cfg.n_kv_heads, cfg.head_dim), "v", cfg.qkv_bias)(x_btd)
-    q_bthe = rope(q_bthe, positions_bt, cfg.rope_theta)
-    k_btke = rope(k_btke, positions_bt, cfg.rope_theta)
+    q_bthe = rope(q_bthe, positions_bt, cfg.rope_theta, cfg.rope_scaling)
+    k_btke = rope(k_btke, positions_bt, cfg.rope_theta, cfg.rope_scaling)
 
     b, t = x_btd.shape[:2]
     g = cfg.n_heads // cfg.n_kv_heads
