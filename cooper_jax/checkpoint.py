@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from cooper_jax.io import atomic_write_json
 from cooper_jax.models.config import ModelConfig
 
 MANIFEST = "cooper_manifest.json"
@@ -39,12 +40,6 @@ def _manifest(step_dir: Path) -> dict[str, list]:
           h.update(chunk)
       out[str(f.relative_to(step_dir))] = [f.stat().st_size, h.hexdigest()]
   return out
-
-
-def _write_json_atomic(path: Path, obj) -> None:
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-  os.replace(tmp, path)
 
 
 def verify_step_dir(step_dir: Path) -> None:
@@ -104,7 +99,7 @@ class CheckpointStore:
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
     self.manager.wait_until_finished()
     step_dir = self.step_dir(step)
-    _write_json_atomic(step_dir / MANIFEST, _manifest(step_dir))
+    atomic_write_json(step_dir / MANIFEST, _manifest(step_dir), sort_keys=True)
     return step_dir
 
   def restore(self, step: int, policy_target, rm_target) -> tuple[Any, Any, dict]:

@@ -7,11 +7,15 @@ the key named; `validate` then checks values (sizes, names, mesh vs batch) befor
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+from pathlib import Path
+
 import ml_collections
 from ml_collections import config_dict
 
-from cooper_jax.evaluate import INSTRUCTION_SUFFIX
 from cooper_jax.optim import SCHEDULES
+from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
 REWARD_MODES = ("rule", "static_rm", "cooper")
 
@@ -69,6 +73,8 @@ def base_config() -> ml_collections.ConfigDict:
     remat=False,
   )
   c.policy.optim = optim_config(1e-6)
+  c.policy.micro_batch_size = 0  # rows per grad-accumulation micro-batch; 0 = whole batch
+  c.policy.logprob_chunk = 0  # response positions per log-prob chunk (no [b,n,v] logits); 0 = off
   c.policy.loss = dict(
     kl_coef=0.001,
     kl_kind="low_var_kl",
@@ -92,6 +98,7 @@ def base_config() -> ml_collections.ConfigDict:
     loss="bt",
   )
   c.rm.optim = optim_config(1e-5, warmup_steps=0)
+  c.rm.micro_batch_size = 0  # rows (pairs for 'bt') per rm_step micro-batch; 0 = whole batch
 
   c.data = dict(
     train="gsm8k/train",
@@ -141,6 +148,39 @@ def base_config() -> ml_collections.ConfigDict:
     checkpoint_every=25,
     max_to_keep=3,
   )
+  return c
+
+
+def load_config(spec: str, overrides=()) -> ml_collections.ConfigDict:
+  """The config of `file.py[:arg]` (its `get_config(arg)`), with `key.path=value` overrides.
+
+  What `--config file.py:arg --config.key=value` does for `cooper_jax.train`, for tools that
+  build configs themselves. A value is a Python literal where it parses (True, 3, 1e-3), else
+  a string; ConfigDict's type lock then rejects a mismatch or an unknown key, naming it."""
+  path, _, arg = spec.partition(":")
+  if not Path(path).is_file():
+    raise FileNotFoundError(f"config file not found: {path}")
+  mod_spec = importlib.util.spec_from_file_location(f"_config_{Path(path).stem}", path)
+  module = importlib.util.module_from_spec(mod_spec)
+  mod_spec.loader.exec_module(module)
+  c = module.get_config(arg) if arg else module.get_config()
+  for kv in overrides:
+    key, sep, value = kv.removeprefix("--config.").partition("=")
+    if not sep:
+      raise ValueError(f"config override {kv!r}: expected key.path=value")
+    *parents, last = key.split(".")
+    node = c
+    for part in parents:
+      if part not in node:
+        raise KeyError(f"config override {kv!r}: no key {key!r} in the config")
+      node = node[part]
+    if last not in node:
+      raise KeyError(f"config override {kv!r}: no key {key!r} in the config")
+    try:
+      parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      parsed = value
+    node[last] = parsed
   return c
 
 

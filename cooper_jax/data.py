@@ -41,7 +41,7 @@ class LoadReport:
   blank_lines: int = 0  # empty JSONL lines (ignored, but counted)
 
 
-def resolve_source(source: str, split: str | None = None) -> Path | None:
+def resolve_dataset(source: str, split: str | None = None) -> Path | None:
   """Local path for a registry name or file path; None means "try the hub"."""
   key = f"{source}/{split}" if split and f"{source}/{split}" in REGISTRY else source
   if key in REGISTRY:
@@ -166,7 +166,7 @@ def load_qa(
   """
   if on_bad_row not in ("raise", "skip"):
     raise ValueError(f"on_bad_row must be 'raise' or 'skip', got {on_bad_row!r}")
-  path = resolve_source(source, split)
+  path = resolve_dataset(source, split)
   location = str(path) if path is not None else f"hub:{source}[{split}]"
   report = LoadReport(source=source, location=location)
   records, unit = _open_records(path, report, split) if path else _open_hub(source, split)

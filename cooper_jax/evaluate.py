@@ -1,7 +1,7 @@
 """Held-out math evaluation: pass@1 averaged over k samples, with bootstrap CIs (Table 3 shape).
 
-Library: `evaluate_model` (also called by training for periodic evaluation), `bootstrap_ci`,
-`format_table`, `write_outputs`. CLI: `python -m cooper_jax.evaluate --model ... --out DIR`.
+Library: `evaluate_model` (also called by training for periodic evaluation), `format_table`,
+`write_outputs`. CLI: `python -m cooper_jax.evaluate --model ... --out DIR`.
 
 Every benchmark's rollouts (question x sample) run through one AOT-compiled `sample` of a fixed
 shape [batch_size, prompt_width]: prompts are left-padded to the benchmark's longest prompt
@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -25,52 +22,23 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from cooper_jax.checkpoint import load_policy_for_eval
+from cooper_jax.data import load_qa
+from cooper_jax.io import atomic_write, atomic_write_json
+from cooper_jax.prompts import INSTRUCTION_SUFFIX, build_prompts, padded_batches
+from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.sampling import sample
+from cooper_jax.stats import bootstrap_ci, bootstrap_ci_average
+from cooper_jax.tokenizer import load_tokenizer
+from cooper_jax.weights import load_pretrained
 
 logger = logging.getLogger(__name__)
 
-INSTRUCTION_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 DEFAULT_BENCHMARKS = "gsm8k/test,svamp/test,math500/test,olympiadbench/test"
 _COMPILED: dict = {}  # AOT executables, reused across evaluate_model calls (periodic eval)
 
 
-# ---------------------------------------------------------------------------------- statistics
-def _bootstrap_means(per_problem: np.ndarray, n_resamples: int, rng: np.random.Generator):
-  x = np.asarray(per_problem, dtype=np.float64).reshape(-1)
-  if x.size == 0:
-    raise ValueError("bootstrap over an empty array")
-  idx = rng.integers(0, x.size, size=(n_resamples, x.size))
-  return x[idx].mean(axis=1)
-
-
-def bootstrap_ci(
-  per_problem_acc, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05
-) -> tuple[float, float]:
-  """Percentile bootstrap CI of the mean, resampling problems with replacement."""
-  means = _bootstrap_means(per_problem_acc, n_resamples, np.random.default_rng(seed))
-  lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-  return float(lo), float(hi)
-
-
-def bootstrap_ci_average(
-  per_problem_accs: list, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05
-) -> tuple[float, float]:
-  """CI of the unweighted mean over benchmarks: each resample redraws every benchmark."""
-  rng = np.random.default_rng(seed)
-  means = np.mean([_bootstrap_means(a, n_resamples, rng) for a in per_problem_accs], axis=0)
-  lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-  return float(lo), float(hi)
-
-
 # ---------------------------------------------------------------------------------- sampling
-def _left_pad(tokens: np.ndarray, mask: np.ndarray, width: int, pad_id: int):
-  b, p = tokens.shape
-  out_t = np.full((b, width), pad_id, np.int32)
-  out_m = np.zeros((b, width), bool)
-  out_t[:, width - p :], out_m[:, width - p :] = tokens, mask
-  return out_t, out_m
-
-
 def _compiled_sampler(cfg, params, tokens, mask, rng, **static):
   """One AOT-compiled sampler per shape/setting; returns (fn, compile seconds or 0 if cached)."""
   leaves = tuple(
@@ -86,12 +54,6 @@ def _compiled_sampler(cfg, params, tokens, mask, rng, **static):
     _COMPILED.clear()
   _COMPILED[key] = fn
   return fn, dt
-
-
-def build_prompts(
-  tokenizer, questions: list[str], suffix: str = INSTRUCTION_SUFFIX, chat: bool = True
-) -> list[str]:
-  return [tokenizer.chat_prompt(q + suffix) if chat else q + suffix for q in questions]
 
 
 def _eval_benchmark(
@@ -130,10 +92,8 @@ def _eval_benchmark(
   mask_all = np.zeros((n_roll, max_new_tokens), bool)
   compile_s = sample_s = 0.0
   bar = tqdm(total=n_roll, desc=f"sample {name}", unit="rollout", dynamic_ncols=True)
-  for bi, start in enumerate(range(0, n_roll, batch_size)):
-    idx = order[start : start + batch_size]
-    real = idx.size
-    idx = np.concatenate([idx, np.full(batch_size - real, idx[-1])])  # dummy rows, dropped
+  for bi, idx, real in padded_batches(order, batch_size):
+    start = bi * batch_size
     tokens, mask = jnp.asarray(q_tok[idx]), jnp.asarray(q_mask[idx])
     key = jax.random.fold_in(rng, bi)
     fn, dt = _compiled_sampler(cfg, params, tokens, mask, key, **static)
@@ -233,8 +193,6 @@ def evaluate_model(
     logger.warning("greedy decoding with samples=%d: the samples will be identical", samples)
   own = verifier is None
   if own:
-    from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
-
     verifier = RuleVerifier()
   t_start = time.perf_counter()
   base = jax.random.key(seed)
@@ -326,30 +284,6 @@ def format_table(results: dict, label: str) -> str:
   )
 
 
-def atomic_write(path, write_fn: Callable, mode: str = "w") -> None:
-  """write_fn(file) into a temp file beside `path`, fsync, then os.replace: all or nothing."""
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
-      write_fn(f)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    try:
-      os.unlink(tmp)
-    except FileNotFoundError:
-      pass
-    raise
-
-
-def atomic_write_json(path, obj) -> None:
-  text = json.dumps(obj, indent=1, allow_nan=False)  # serialize first: fails before any write
-  atomic_write(path, lambda f: f.write(text + "\n"))
-
-
 def write_outputs(results: dict, out_dir, label: str) -> dict:
   """results.json (no per-rollout text), table.md, samples.jsonl; returns their paths."""
   out_dir = Path(out_dir)
@@ -372,42 +306,20 @@ def write_outputs(results: dict, out_dir, label: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------- CLI
-def load_model(
+def load_eval_model(
   model: str | None, checkpoint: str | None, tokenizer_source: str | None, dtype: str | None = None
 ):
-  """(cfg, params, tokenizer) from a load_pretrained source or a cooper_jax checkpoint.
-
-  Checkpoints go through cooper_jax.checkpoint.load_policy_for_eval(dir), expected to return
-  (cfg, params, tokenizer or tokenizer source) or (cfg, params) (then --tokenizer is needed).
-  """
-  from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
-
+  """(cfg, params, tokenizer) from a `load_pretrained` source or a cooper_jax training run."""
   overrides = {"dtype": dtype, "param_dtype": dtype} if dtype else {}
   if (model is None) == (checkpoint is None):
     raise ValueError("give exactly one of --model or --checkpoint")
   if model is not None:
-    from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
-
     cfg, params = load_pretrained(model, **overrides)
     return cfg, params, load_tokenizer(tokenizer_source or model)
-  try:
-    from cooper_jax.checkpoint import load_policy_for_eval  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise RuntimeError(
-      "--checkpoint needs cooper_jax.checkpoint.load_policy_for_eval, which "
-      f"could not be imported ({e}); use --model with an HF dir or .gguf "
-      "export instead"
-    ) from e
-  loaded = load_policy_for_eval(checkpoint)
-  cfg, params = loaded[0], loaded[1]
-  tok = loaded[2] if len(loaded) > 2 else None
-  if tokenizer_source is not None:
-    tok = tokenizer_source
-  if tok is None:
-    raise ValueError(f"checkpoint {checkpoint} names no tokenizer; pass --tokenizer")
+  cfg, params, tok_src = load_policy_for_eval(checkpoint)
   if overrides:
     cfg = cfg.replace(**overrides)
-  return cfg, params, load_tokenizer(tok) if isinstance(tok, (str, os.PathLike)) else tok
+  return cfg, params, load_tokenizer(tokenizer_source or tok_src)
 
 
 def main(argv=None) -> dict:
@@ -443,9 +355,6 @@ def main(argv=None) -> dict:
   a = p.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
-  from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
-  from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
-
   t0 = time.perf_counter()
   benchmarks = {}
   for name in [b.strip() for b in a.benchmarks.split(",") if b.strip()]:
@@ -454,7 +363,7 @@ def main(argv=None) -> dict:
     logger.info(
       "%s: %d problems from %s (skipped %d)", name, len(rows), report.location, report.skipped
     )
-  cfg, params, tokenizer = load_model(a.model, a.checkpoint, a.tokenizer, a.dtype)
+  cfg, params, tokenizer = load_eval_model(a.model, a.checkpoint, a.tokenizer, a.dtype)
   with RuleVerifier(a.workers) as verifier:
     results = evaluate_model(
       cfg,

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from cooper_jax.io import atomic_write_text
+from cooper_jax.stats import precision_recall
+
 
 def reward_hacking_monitors(rm_reward_b: np.ndarray, correct_b: np.ndarray) -> dict[str, float]:
   """How far the RM's judgement drifts from the rule verifier's on the same rollouts.
@@ -19,13 +22,13 @@ def reward_hacking_monitors(rm_reward_b: np.ndarray, correct_b: np.ndarray) -> d
   """
   rm_pos = rm_reward_b > 0.5
   correct = correct_b.astype(bool)
-  tp = float(np.sum(rm_pos & correct))
+  precision, recall = precision_recall(rm_pos, correct)
   return {
     "rm/reward_mean": float(np.mean(rm_reward_b)),
     "rm/minus_rule_acc": float(np.mean(rm_reward_b) - np.mean(correct)),
     "rm/agreement": float(np.mean(rm_pos == correct)),
-    "rm/precision": tp / max(float(np.sum(rm_pos)), 1.0),
-    "rm/recall": tp / max(float(np.sum(correct)), 1.0),
+    "rm/precision": float(precision),
+    "rm/recall": float(recall),
     "rm/positive_rate": float(np.mean(rm_pos)),
   }
 
@@ -54,9 +57,7 @@ class MetricsWriter:
       for l in self.path.read_text().splitlines()
       if l.strip() and json.loads(l).get("step", 0) <= step
     ]
-    tmp = self.path.with_name(".metrics.jsonl.tmp")
-    tmp.write_text("".join(l + "\n" for l in keep))
-    os.replace(tmp, self.path)
+    atomic_write_text(self.path, "".join(l + "\n" for l in keep))
 
   def write(self, step: int, metrics: dict) -> None:
     row = {"step": int(step)}

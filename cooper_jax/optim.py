@@ -5,13 +5,19 @@ An ablation swaps the schedule with one override, e.g. `--config.policy.optim.sc
 
 from __future__ import annotations
 
-import optax
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+  import optax
 
 SCHEDULES = ("constant", "linear_warmup", "warmup_cosine", "warmup_linear_decay")
 
 
 def make_schedule(oc) -> optax.Schedule:
   """oc: lr, schedule, warmup_steps, total_steps, end_lr_frac (ConfigDict or anything with attrs)."""
+  # Imported here, not at the top: config parsing imports this module for SCHEDULES only.
+  import optax  # pylint: disable=import-outside-toplevel
+
   lr, warm, total = float(oc.lr), int(oc.warmup_steps), int(oc.total_steps)
   end = lr * float(oc.end_lr_frac)
   if oc.schedule == "constant":
@@ -33,6 +39,8 @@ def make_schedule(oc) -> optax.Schedule:
 
 def make_optimizer(oc) -> optax.GradientTransformation:
   """clip_by_global_norm(grad_clip) -> AdamW(schedule, b1, b2, eps, weight_decay)."""
+  import optax  # pylint: disable=import-outside-toplevel
+
   parts = []
   if oc.grad_clip and oc.grad_clip > 0:
     parts.append(optax.clip_by_global_norm(float(oc.grad_clip)))

@@ -16,6 +16,8 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as RawTokenizer
 from transformers import PreTrainedTokenizerFast
 
+from cooper_jax.prompts import left_pad
+
 # Tokens that end an assistant turn or a document, whichever the vocabulary has. Stopping
 # on the document end too keeps a model that skips <|im_end|> from running to max length.
 _END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>")
@@ -89,15 +91,7 @@ class Tokenizer:
         raise ValueError(f"prompt {i} encodes to no tokens")
       if max_len is not None and len(r) > max_len:
         raise ValueError(f"prompt {i} has {len(r)} tokens, more than max_len={max_len}")
-    longest = max(len(r) for r in rows)
-    width = -(-longest // pad_to_multiple) * pad_to_multiple
-    if max_len is not None:
-      width = min(width, max_len)
-    tokens = np.full((len(rows), width), self.pad_id, dtype=np.int32)
-    mask = np.zeros((len(rows), width), dtype=np.bool_)
-    for i, r in enumerate(rows):
-      tokens[i, width - len(r) :] = r
-      mask[i, width - len(r) :] = True
+    tokens, mask, _ = left_pad(rows, self.pad_id, max_len, pad_to_multiple)
     return tokens, mask
 
 
@@ -211,10 +205,10 @@ def tokenizer_from_dir(path: str | os.PathLike) -> Tokenizer:
 def load_tokenizer(source: str | os.PathLike) -> Tokenizer:
   """From an HF directory, a .gguf file, "smollm2-135m-instruct", or a hub repo id."""
   # Imported here: cooper_jax.weights pulls in JAX, which a tokenizer alone does not need.
-  from cooper_jax.weights import resolve_source  # pylint: disable=import-outside-toplevel
+  from cooper_jax.weights import resolve_weights  # pylint: disable=import-outside-toplevel
 
   source = os.fspath(source)
-  path = resolve_source(source)
+  path = resolve_weights(source)
   if path.endswith(".gguf"):
     if not os.path.isfile(path):
       raise FileNotFoundError(f"GGUF file not found: {path}")

@@ -30,12 +30,12 @@ from cooper_jax import config as config_lib
 from cooper_jax import losses, optim, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta, rng_to_meta
 from cooper_jax.data import PromptIterator, load_qa
-from cooper_jax.evaluate import build_prompts, evaluate_model
+from cooper_jax.evaluate import evaluate_model
 from cooper_jax.metrics import MetricsWriter, reward_hacking_monitors
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import init_params
+from cooper_jax.prompts import build_prompts, encode_rm_inputs
 from cooper_jax.rewards.pairs import build_pairs, make_negative_generator
-from cooper_jax.rewards.rm_prompt import encode_rm_inputs
 from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.sampling import sample
 from cooper_jax.tokenizer import load_tokenizer
@@ -91,6 +91,7 @@ def _rm_pair_batch(tokenizer, pairs, max_len: int, pad_multiple: int):
     max_len,
     pad_to_multiple=pad_multiple,
   )
+  n_trunc = int(n_trunc.sum())
   return {
     "pos_tokens": tok[:n],
     "pos_mask": mask[:n],
@@ -217,7 +218,7 @@ class Run:
     )
     bs = sharding.batch_sharding(self.mesh)
     r = self.reward_fn(self.rm_state["params"], jax.device_put(tok, bs), jax.device_put(mask, bs))
-    return np.asarray(r), n_trunc
+    return np.asarray(r), int(n_trunc.sum())
 
   def train_step(self) -> dict:
     c, step = self.c, self.step

@@ -8,10 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cooper_jax import stats
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import forward, init_params
+from cooper_jax.prompts import cut_long_text
 from cooper_jax.rewards.judge import judge_prompt, llm_judge
-from cooper_jax.rewards.rm_prompt import cut_long_text
 from cooper_jax.tokenizer import load_tokenizer
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
@@ -107,13 +108,13 @@ def test_parse_policies_and_paths():
 
 def test_binary_metrics_hand_computed():
   # pred 1 1 1 0 0 -1 ; gold 1 1 0 1 0 1 -> tp 2, fp 1, fn 2 (one undecided), tn 1
-  m = compare.binary_metrics([1, 1, 1, 0, 0, -1], [1, 1, 0, 1, 0, 1])
+  m = stats.binary_metrics([1, 1, 1, 0, 0, -1], [1, 1, 0, 1, 0, 1])
   assert (m["tp"], m["fp"], m["fn"], m["tn"], m["undecided"]) == (2, 1, 2, 1, 1)
   assert m["precision"] == pytest.approx(2 / 3) and m["recall"] == pytest.approx(0.5)
   assert m["f1"] == pytest.approx(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5))
   assert m["accuracy"] == pytest.approx(0.5)
-  assert compare.binary_metrics([0, 0], [1, 0])["precision"] is None  # no positives predicted
-  ci = compare.bootstrap_metrics(
+  assert stats.binary_metrics([0, 0], [1, 0])["precision"] is None  # no positives predicted
+  ci = stats.bootstrap_binary_metrics(
     [1, 1, 1, 0, 0, -1], [1, 1, 0, 1, 0, 1], [0, 0, 1, 1, 2, 2], n_resamples=200
   )
   lo, hi = ci["precision"]

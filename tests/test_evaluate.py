@@ -8,29 +8,30 @@ import numpy as np
 import pytest
 
 from cooper_jax import evaluate as ev
+from cooper_jax import io, stats
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import init_params
 from cooper_jax.tokenizer import load_tokenizer
 
 
 def test_bootstrap_ci_all_ones_and_zeros():
-  assert ev.bootstrap_ci(np.ones(50)) == (1.0, 1.0)
-  assert ev.bootstrap_ci(np.zeros(50)) == (0.0, 0.0)
+  assert stats.bootstrap_ci(np.ones(50)) == (1.0, 1.0)
+  assert stats.bootstrap_ci(np.zeros(50)) == (0.0, 0.0)
 
 
 def test_bootstrap_ci_half():
   n = 400
   x = np.array([0.0, 1.0] * (n // 2))
-  lo, hi = ev.bootstrap_ci(x, n_resamples=1000, seed=0)
+  lo, hi = stats.bootstrap_ci(x, n_resamples=1000, seed=0)
   assert lo < 0.5 < hi
   expected = 2 * 1.96 * np.sqrt(0.25 / n)
   assert abs((hi - lo) - expected) < 0.3 * expected
-  assert ev.bootstrap_ci(x, seed=3) == ev.bootstrap_ci(x, seed=3)  # seeded
+  assert stats.bootstrap_ci(x, seed=3) == stats.bootstrap_ci(x, seed=3)  # seeded
 
 
 def test_bootstrap_ci_average_contains_mean():
   a, b = np.array([0.0, 1.0] * 100), np.ones(50)
-  lo, hi = ev.bootstrap_ci_average([a, b])
+  lo, hi = stats.bootstrap_ci_average([a, b])
   assert lo < 0.75 < hi and hi <= 1.0
 
 
@@ -184,17 +185,17 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
     raise RuntimeError("boom")
 
   with pytest.raises(RuntimeError):
-    ev.atomic_write(target, broken)
+    io.atomic_write(target, broken)
   assert not target.exists() and list(tmp_path.iterdir()) == []
 
-  ev.atomic_write_json(target, {"a": 1})
+  io.atomic_write_json(target, {"a": 1})
   with pytest.raises(RuntimeError):
-    ev.atomic_write(target, broken)
+    io.atomic_write(target, broken)
   assert json.loads(target.read_text()) == {"a": 1}  # old content intact
   with pytest.raises((TypeError, ValueError)):
-    ev.atomic_write_json(target, {"a": object()})
+    io.atomic_write_json(target, {"a": object()})
   with pytest.raises(ValueError):
-    ev.atomic_write_json(target, {"a": float("nan")})
+    io.atomic_write_json(target, {"a": float("nan")})
   assert json.loads(target.read_text()) == {"a": 1}
   assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
 
@@ -205,11 +206,3 @@ def test_write_outputs(tmp_path):
   assert "records" not in summary and summary["label"] == "m"
   assert json.loads(open(paths["samples"]).read().splitlines()[0])["id"] == "x"
   assert "74.12 (70.00-78.00)" in open(paths["table"]).read()
-
-
-def test_checkpoint_hook_error_is_clear(monkeypatch):
-  import sys
-
-  monkeypatch.setitem(sys.modules, "cooper_jax.checkpoint", None)  # import fails
-  with pytest.raises(RuntimeError, match="load_policy_for_eval"):
-    ev.load_model(None, "/nonexistent", None)

@@ -8,6 +8,7 @@ import pytest
 from cooper_jax import sharding
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import forward, init_params
+from cooper_jax.prompts import left_pad
 from cooper_jax.sampling import sample
 
 TINY = ModelConfig(
@@ -34,11 +35,7 @@ def params():
 
 
 def _left_pad(rows, width):
-  toks = np.full((len(rows), width), PAD, np.int32)
-  mask = np.zeros((len(rows), width), bool)
-  for i, r in enumerate(rows):
-    toks[i, width - len(r) :] = r
-    mask[i, width - len(r) :] = True
+  toks, mask, _ = left_pad(rows, PAD, pad_to_multiple=width)  # one width for every row
   return toks, mask
 
 

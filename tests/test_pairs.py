@@ -8,6 +8,7 @@ import pytest
 
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import init_params
+from cooper_jax.prompts import build_rm_input, cut_long_text, encode_rm_inputs
 from cooper_jax.rewards.pairs import (
   REJECT_REASONS,
   REWRITE_SYSTEM,
@@ -21,7 +22,6 @@ from cooper_jax.rewards.pairs import (
   rewrite_token_budget,
   select_positives,
 )
-from cooper_jax.rewards.rm_prompt import build_rm_input, cut_long_text, encode_rm_inputs
 from cooper_jax.rewards.verify import RuleVerifier, differ_one
 
 
@@ -79,18 +79,18 @@ def test_encode_rm_inputs_left_pads_and_keeps_the_end(tok):
   comps = ["\\boxed{4}", "So the answer is \\boxed{7}"]
   full = [tok.encode(build_rm_input(q, a, o)) for q, a, o in zip(qs, refs, comps)]
   assert len(full[0]) < 64 < len(full[1])
-  tokens, mask, n_truncated = encode_rm_inputs(tok, qs, refs, comps, max_len=64)
+  tokens, mask, cut = encode_rm_inputs(tok, qs, refs, comps, max_len=64)
   assert tokens.dtype == np.int32 and mask.dtype == np.bool_ and tokens.shape == (2, 64)
-  assert n_truncated == 1
+  assert cut.tolist() == [False, True]
   assert tokens[1].tolist() == full[1][-64:] and mask[1].all()  # the completion end survives
   k = len(full[0])
   assert tokens[0, -k:].tolist() == full[0] and mask[0, -k:].all() and not mask[0, :-k].any()
   assert (tokens[0, :-k] == tok.pad_id).all()
   # Nothing too long: width is the longest row rounded up, no truncation.
-  tokens, mask, n_truncated = encode_rm_inputs(
+  tokens, mask, cut = encode_rm_inputs(
     tok, qs[:1], refs[:1], comps[:1], max_len=512, pad_to_multiple=16
   )
-  assert n_truncated == 0 and tokens.shape == (1, -(-k // 16) * 16)
+  assert not cut.any() and tokens.shape == (1, -(-k // 16) * 16)
 
 
 # ---- positives -----------------------------------------------------------------------------

@@ -9,10 +9,9 @@ import pytest
 
 from cooper_jax import optim, sft, sharding, steps
 from cooper_jax.data import load_qa
-from cooper_jax.evaluate import build_prompts
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import forward, init_params
-from cooper_jax.rewards.rm_prompt import build_rm_input
+from cooper_jax.prompts import build_prompts, build_rm_input
 from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.tasks import arith
 from cooper_jax.tasks.small_tokenizer import build_small_tokenizer

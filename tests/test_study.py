@@ -1,14 +1,24 @@
-"""Study statistics: paired tests, per-condition summaries, curves over seeds."""
+"""Study statistics (cooper_jax.stats): paired tests, per-condition summaries; the study tool's
+curves over seeds."""
+
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cooper_jax import study
+from cooper_jax import stats
+
+_spec = importlib.util.spec_from_file_location(
+  "_tool_run_study", Path(__file__).resolve().parents[1] / "tools" / "run_study.py"
+)
+run_study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_study)
 
 
 def test_paired_test_identical_conditions_is_not_significant():
   a = np.array([1.0, 0.0, 0.5, 0.25, 1.0, 0.0])
-  t = study.paired_test(a, a.copy())
+  t = stats.paired_test(a, a.copy())
   assert t["mean_diff"] == 0.0 and t["p_value"] == 1.0 and t["ci95"] == [0.0, 0.0]
 
 
@@ -16,14 +26,14 @@ def test_paired_test_constant_gain_has_the_exact_permutation_p():
   # Ten problems each +0.5: only the all-plus and all-minus sign patterns reach |mean| = 0.5,
   # so the exact two-sided p is 2 / 2**10; the Monte Carlo estimate must be close to it.
   a, b = np.full(10, 0.75), np.full(10, 0.25)
-  t = study.paired_test(a, b, n=20000, seed=1)
+  t = stats.paired_test(a, b, n=20000, seed=1)
   assert t["mean_diff"] == pytest.approx(0.5)
   assert t["p_value"] == pytest.approx(2 / 1024, abs=0.0015)
   assert t["ci95"] == pytest.approx([0.5, 0.5])
 
 
 def test_condition_summary_means_over_seeds_then_problems():
-  s = study.condition_summary([np.array([1.0, 0.0, 1.0, 1.0]), np.array([0.0, 0.0, 1.0, 1.0])])
+  s = stats.condition_summary([np.array([1.0, 0.0, 1.0, 1.0]), np.array([0.0, 0.0, 1.0, 1.0])])
   assert s["accuracy"] == pytest.approx(0.625)
   assert s["seed_accuracies"] == pytest.approx([0.75, 0.5])
   assert s["seed_sd"] == pytest.approx(np.std([0.75, 0.5], ddof=1))
@@ -38,7 +48,7 @@ def test_curves_keep_steps_every_seed_has():
       [{"step": 0, "x": 3.0}, {"step": 5, "x": 5.0}, {"step": 10, "x": 9.0}],
     ]
   }
-  steps, mean, lo, hi = study.curves(runs, "x")["c"]
+  steps, mean, lo, hi = run_study.curves(runs, "x")["c"]
   np.testing.assert_array_equal(steps, [0, 5])
   np.testing.assert_allclose(mean, [2.0, 4.0])
   np.testing.assert_allclose(lo, [1.0, 3.0])
@@ -46,7 +56,7 @@ def test_curves_keep_steps_every_seed_has():
 
 
 def test_table_formats_points():
-  s = {"rule": study.condition_summary([np.array([1.0, 0.0])])}
+  s = {"rule": stats.condition_summary([np.array([1.0, 0.0])])}
   t = {"cooper - rule": {"mean_diff": 0.031, "ci95": [-0.01, 0.07], "p_value": 0.2}}
-  md = study.format_study_table(s, t, 2, 1, 4)
+  md = stats.format_study_table(s, t, 2, 1, 4)
   assert "| rule | 50.0 (" in md and "| cooper - rule | +3.1 | -1.0 to +7.0 | 0.2 |" in md

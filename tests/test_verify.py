@@ -13,7 +13,6 @@ from cooper_jax.rewards.verify import (
   STATUSES,
   RuleVerifier,
   parse_reference,
-  rule_verify,
   verify_one,
 )
 
@@ -132,17 +131,24 @@ def test_crash_and_exception_give_error(pool):
   assert pool.verify(["\\boxed{9}"], ["9"]).correct.tolist() == [True]
 
 
-def test_answers_differ(pool):
-  assert pool.answers_differ("so \\boxed{3}", "hence $3$") is False
-  assert pool.answers_differ("\\boxed{\\frac{1}{2}}", "\\boxed{0.5}") is False
-  assert pool.answers_differ("\\boxed{3}", "\\boxed{4}") is True
-  d = pool.differ_batch(["\\boxed{3}"], ["no answer here"])
-  assert d.differ == [True] and d.status == ["no_answer"]
+def test_differ_batch(pool):
+  d = pool.differ_batch(
+    ["so \\boxed{3}", "\\boxed{\\frac{1}{2}}", "\\boxed{3}", "\\boxed{3}"],
+    ["hence $3$", "\\boxed{0.5}", "\\boxed{4}", "no answer here"],
+  )
+  assert d.differ == [False, False, True, True] and d.status[3] == "no_answer"
 
 
-def test_rule_verify_and_totals(pool):
+def test_labels_keep_unknown_apart_from_wrong(pool):
+  r = pool.verify(["\\boxed{18}", "\\boxed{1}", "no answer"], ["18", "2", "3"])
+  assert r.labels().tolist() == [1, 0, 0]
+  r.status[1] = "timeout"  # a verdict that did not arrive is unknown, not wrong
+  assert r.labels().tolist() == [1, -1, 0]
+
+
+def test_verify_and_totals(pool):
   before = dict(pool.totals)
-  r = rule_verify(["\\boxed{18}", "\\boxed{1}"], ["18", "2"], verifier=pool)
+  r = pool.verify(["\\boxed{18}", "\\boxed{1}"], ["18", "2"])
   assert r.correct.tolist() == [True, False]
   assert pool.totals["ok"] == before["ok"] + 2
   assert pool.verify([], []).counts == dict.fromkeys(STATUSES, 0)

@@ -162,17 +162,13 @@ def generate_all(
   """samples completions per question, question-major: (completions, ended-with-eos flags)."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from cooper_jax.evaluate import build_prompts  # pylint: disable=import-outside-toplevel
+  from cooper_jax.prompts import build_prompts, padded_batches  # pylint: disable=import-outside-toplevel
   from cooper_jax.sampling import generate  # pylint: disable=import-outside-toplevel
 
   prompts = build_prompts(tokenizer, questions)  # chat template + INSTRUCTION_SUFFIX
   order = np.repeat(np.arange(len(questions)), samples)
   completions, ended = [], []
-  for bi, start in enumerate(range(0, order.size, batch_size)):
-    idx = order[start : start + batch_size]
-    real = idx.size
-    # Pad the last batch with copies (dropped below): one compiled shape for every batch.
-    idx = np.concatenate([idx, np.full(batch_size - real, idx[-1])])
+  for bi, idx, real in padded_batches(order, batch_size):
     texts, out = generate(
       cfg,
       params,
@@ -197,7 +193,7 @@ def run(a) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
 
   from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
-  from cooper_jax.evaluate import atomic_write, atomic_write_json  # pylint: disable=import-outside-toplevel
+  from cooper_jax.io import atomic_write, atomic_write_json  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.judge import llm_judge  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
 
@@ -253,7 +249,7 @@ def run(a) -> dict:
       [t["completion"] for t in triples], [t["reference"] for t in triples], a.deadline_s
     )
   timings["rule_verify_s"] = time.perf_counter() - t0
-  rule = np.where(np.isin(res.status, ["ok", "no_answer"]), np.asarray(res.correct, int), -1)
+  rule = res.labels()
 
   jcfg, jparams, jtok = _load_model(a.judge, cache)
   judge, jstats = llm_judge(

@@ -136,7 +136,7 @@ def hf_worker(npz_path: str, out_json: str) -> None:
 
 
 def run_hf(tokens, mask, pad_id, new_tokens, torch_python, reps) -> dict:
-  from cooper_jax.weights import resolve_source  # pylint: disable=import-outside-toplevel
+  from cooper_jax.weights import resolve_weights  # pylint: disable=import-outside-toplevel
 
   with tempfile.TemporaryDirectory() as tmp:
     npz, out = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.json")
@@ -147,7 +147,7 @@ def run_hf(tokens, mask, pad_id, new_tokens, torch_python, reps) -> dict:
       pad_id=pad_id,
       new_tokens=new_tokens,
       reps=reps,
-      gguf_path=resolve_source(EMBEDDED),
+      gguf_path=resolve_weights(EMBEDDED),
     )
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1")
     subprocess.run(
@@ -231,9 +231,9 @@ def cpu_prompts(batch: int, prompt_len: int | None):
   except ImportError:  # the project tokenizer is optional here; fall back to transformers'
     from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
 
-    from cooper_jax.weights import resolve_source  # pylint: disable=import-outside-toplevel
+    from cooper_jax.weights import resolve_weights  # pylint: disable=import-outside-toplevel
 
-    g = resolve_source(EMBEDDED)
+    g = resolve_weights(EMBEDDED)
     hf = AutoTokenizer.from_pretrained(os.path.dirname(g), gguf_file=os.path.basename(g))
     rows = [
       hf.apply_chat_template(

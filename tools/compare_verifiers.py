@@ -2,7 +2,7 @@
 
 Verifiers: the rule verifier (math-verify, cooper_jax.rewards.verify), the LLM judge
 (--judge MODEL, cooper_jax.rewards.judge) and a trained reference-based RM (--rm DIR,
-sigmoid(score) > 0.5 on rm_prompt.encode_rm_inputs). "Positive" = the verifier says correct.
+sigmoid(score) > 0.5 on prompts.encode_rm_inputs). "Positive" = the verifier says correct.
 Precision is the number Cooper leans on (rule positives become the RM's positive examples),
 recall is what an RM is supposed to add. An undecided verdict (rule timeout/error, judge
 without yes/no tokens) is counted and scored as a negative, as a reward of 0 would be.
@@ -51,27 +51,21 @@ from decimal import Decimal, InvalidOperation
 
 import numpy as np
 
+from cooper_jax.io import atomic_write, atomic_write_json, read_completions
+from cooper_jax.rewards.verify import last_boxed_span
+from cooper_jax.stats import CLASSIFIER_METRICS, binary_metrics, bootstrap_binary_metrics
+
 logger = logging.getLogger("compare_verifiers")
-METRICS = ("precision", "recall", "f1", "accuracy")
 
 # ---------------------------------------------------------------------------------- exact_int
 # A number: optional sign (only where it cannot be a binary minus, i.e. not right after a
 # word character or a dot), thousands-grouped or plain digits, optional decimals.
 _NUM = re.compile(r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def last_boxed(text: str) -> str | None:
-  """Content of the last \\boxed{...} / \\fbox{...} (braces matched), None if there is none
-  or it is never closed."""
-  starts = [m.end() for m in _BOX.finditer(text)]
-  for start in reversed(starts):
-    depth = 1
-    for i in range(start, len(text)):
-      depth += {"{": 1, "}": -1}.get(text[i], 0)
-      if depth == 0:
-        return text[start:i]
-  return None
+  span = last_boxed_span(text)
+  return None if span is None else text[span[0] : span[1]]
 
 
 def _clean(text: str) -> str:
@@ -146,72 +140,15 @@ def exact_int_labels(completions, references) -> tuple[np.ndarray, list[str], di
   return labels, how, counts
 
 
-# ---------------------------------------------------------------------------------- metrics
-def _from_counts(tp, fp, fn, tn) -> dict:
-  """Metrics from confusion counts (scalars or arrays); NaN where undefined."""
-  tp, fp, fn, tn = (np.asarray(x, np.float64) for x in (tp, fp, fn, tn))
-  with np.errstate(divide="ignore", invalid="ignore"):
-    precision = tp / (tp + fp)
-    recall = tp / (tp + fn)
-    f1 = 2 * tp / (2 * tp + fp + fn)
-    accuracy = (tp + tn) / (tp + fp + fn + tn)
-  return {"precision": precision, "recall": recall, "f1": f1, "accuracy": accuracy}
-
-
-def _counts(pred, gold):
-  p, g = np.asarray(pred) == 1, np.asarray(gold) == 1  # undecided (-1) predicts negative
-  return (p & g), (p & ~g), (~p & g), (~p & ~g)
-
-
-def binary_metrics(pred, gold) -> dict:
-  """tp/fp/fn/tn, precision, recall, f1, accuracy (None where undefined) of pred vs gold.
-  pred in {1, 0, -1} (-1 undecided, scored negative and counted), gold in {1, 0}."""
-  pred, gold = np.asarray(pred), np.asarray(gold)
-  if pred.shape != gold.shape:
-    raise ValueError(f"shape mismatch {pred.shape} vs {gold.shape}")
-  if not np.isin(gold, (0, 1)).all():
-    raise ValueError("gold labels must be 0/1 (drop undecidable items first)")
-  c = [int(x.sum()) for x in _counts(pred, gold)]
-  m = _from_counts(*c)
-  out = dict(zip(("tp", "fp", "fn", "tn"), c), n=int(gold.size), undecided=int((pred < 0).sum()))
-  out.update({k: None if np.isnan(v) else float(v) for k, v in m.items()})
-  return out
-
-
-def bootstrap_metrics(
-  pred, gold, groups, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05
-) -> dict:
-  """{metric: [lo, hi] or None, "undefined": {metric: resamples dropped}}; clusters = groups."""
-  _, inv = np.unique(np.asarray(groups), return_inverse=True)
-  n_groups = int(inv.max()) + 1 if inv.size else 0
-  per_group = np.zeros((n_groups, 4))
-  for k, x in enumerate(_counts(pred, gold)):
-    per_group[:, k] = np.bincount(inv, weights=x.astype(np.float64), minlength=n_groups)
-  rng = np.random.default_rng(seed)
-  draws = per_group[rng.integers(0, n_groups, size=(n_resamples, n_groups))].sum(axis=1)
-  ms = _from_counts(*draws.T)
-  out, undefined = {}, {}
-  for k in METRICS:
-    ok = ~np.isnan(ms[k])
-    undefined[k] = int((~ok).sum())
-    out[k] = (
-      None
-      if not ok.any()
-      else [float(v) for v in np.quantile(ms[k][ok], [alpha / 2, 1 - alpha / 2])]
-    )
-  out["undefined"] = undefined
-  return out
-
-
 # ---------------------------------------------------------------------------------- verifiers
 def rm_probs(
   rm_dir: str, questions, references, completions, *, batch_size: int, max_len: int
 ) -> tuple[np.ndarray, dict]:
-  """sigmoid(RM score) per triple, input built only by rm_prompt.encode_rm_inputs."""
+  """sigmoid(RM score) per triple, input built only by prompts.encode_rm_inputs."""
   import jax  # pylint: disable=import-outside-toplevel
 
   from cooper_jax import sharding, steps  # pylint: disable=import-outside-toplevel
-  from cooper_jax.rewards.rm_prompt import encode_rm_inputs  # pylint: disable=import-outside-toplevel
+  from cooper_jax.prompts import encode_rm_inputs, padded_batches  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
 
@@ -226,8 +163,7 @@ def rm_probs(
   reward_fn = steps.make_reward_fn(cfg, sharding.make_mesh(devices=jax.devices()[:1]), params)
   n = len(questions)
   probs, n_trunc, t0 = np.zeros(n), 0, time.perf_counter()
-  for start in range(0, n, batch_size):
-    idx = np.arange(start, min(n, start + batch_size))
+  for _, idx, real in padded_batches(np.arange(n), batch_size):
     tokens, mask, cut = encode_rm_inputs(
       tok,
       [questions[i] for i in idx],
@@ -236,32 +172,13 @@ def rm_probs(
       max_len,
       pad_to_multiple=64,
     )
-    n_trunc += cut
-    fill = batch_size - idx.size  # pad with copies of the last row: one compiled batch shape
-    tokens = np.concatenate([tokens, np.repeat(tokens[-1:], fill, 0)])
-    mask = np.concatenate([mask, np.repeat(mask[-1:], fill, 0)])
-    probs[idx] = np.asarray(reward_fn(params, tokens, mask))[: idx.size]
+    n_trunc += int(cut[:real].sum())
+    probs[idx[:real]] = np.asarray(reward_fn(params, tokens, mask))[:real]
   return probs, {
     "truncated_inputs": n_trunc,
     "max_len": max_len,
     "wall_s": time.perf_counter() - t0,
   }
-
-
-def load_items(path: str, limit: int | None) -> list[dict]:
-  items = []
-  with open(path, encoding="utf-8") as f:
-    for ln, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      obj = json.loads(line)
-      missing = [k for k in ("question", "reference", "completion") if k not in obj]
-      if missing:
-        raise ValueError(f"{path}:{ln}: missing {missing}")
-      items.append(obj)
-      if limit is not None and len(items) >= limit:
-        break
-  return items
 
 
 def gold_labels(items: list[dict], mode: str) -> tuple[np.ndarray, dict]:
@@ -299,7 +216,7 @@ def format_markdown(result: dict) -> str:
     m, ci = r["metrics"], r["ci95"]
     lines.append(
       f"| {name} | "
-      + " | ".join(cell(m[k], ci[k]) for k in METRICS)
+      + " | ".join(cell(m[k], ci[k]) for k in CLASSIFIER_METRICS)
       + f" | {m['tp']}/{m['fp']}/{m['fn']}/{m['tn']} | {m['undecided']} |"
     )
   lines += ["", f"Gold report: `{json.dumps(g)}`"]
@@ -307,10 +224,9 @@ def format_markdown(result: dict) -> str:
 
 
 def run(a) -> dict:
-  from cooper_jax.evaluate import atomic_write, atomic_write_json  # pylint: disable=import-outside-toplevel
 
   t_start = time.perf_counter()
-  items = load_items(a.data, a.limit)
+  items = read_completions(a.data, limit=a.limit)
   if not items:
     raise ValueError(f"{a.data}: no items")
   n_all = len(items)
@@ -328,9 +244,7 @@ def run(a) -> dict:
 
     with RuleVerifier(a.workers) as v:
       res = v.verify(comps, refs, a.deadline_s)
-    verdicts["rule (math-verify)"] = np.where(
-      np.isin(res.status, ["ok", "no_answer"]), np.asarray(res.correct, int), -1
-    )
+    verdicts["rule (math-verify)"] = res.labels()
     extra["rule (math-verify)"] = {
       "status_counts": res.counts,
       "worker_restarts": res.worker_restarts,
@@ -364,7 +278,7 @@ def run(a) -> dict:
   for name, pred in verdicts.items():
     result["verifiers"][name] = {
       "metrics": binary_metrics(pred, gold),
-      "ci95": bootstrap_metrics(pred, gold, groups, a.n_resamples, a.seed),
+      "ci95": bootstrap_binary_metrics(pred, gold, groups, a.n_resamples, a.seed),
       "details": extra[name],
     }
   exact_how = exact_int_labels(comps, refs)[1]

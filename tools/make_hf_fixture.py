@@ -33,13 +33,12 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tools"))
+# A sibling tool: `python tools/make_hf_fixture.py` puts tools/ on sys.path.
 from make_tokenizer_fixture import default_gguf, smollm_pieces  # noqa: E402
 
 OUT = os.path.join(REPO, "tests", "fixtures", "smollm2_hf_logits.npz")

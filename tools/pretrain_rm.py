@@ -8,7 +8,7 @@ Input: annotated triples {question, reference, completion, label} (label 1 = cor
                                answers in \\boxed{}). The triples are saved for reuse (--data).
 The RM starts from --backbone (default: the --from_policy dir) with a fresh zero score head
 (`load_pretrained(dir, head="score")`); inputs are built only by
-rm_prompt.encode_rm_inputs; training runs through steps.make_rm_step(..., "bce", ...).
+prompts.encode_rm_inputs; training runs through steps.make_rm_step(..., "bce", ...).
 Held-out accuracy / precision / recall (sigmoid > 0.5, i.e. logit > 0) are reported before and
 after training, on --heldout or on a --heldout_frac split by question (no question in both).
 
@@ -116,7 +116,7 @@ def policy_triples(a) -> list[dict]:
   """Rollouts of the policy on the questions, labelled by the rule verifier."""
   from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
   from cooper_jax.evaluate import evaluate_model  # pylint: disable=import-outside-toplevel
-  from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
+  from cooper_jax.rewards.verify import DECIDED, RuleVerifier  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
 
@@ -140,8 +140,7 @@ def policy_triples(a) -> list[dict]:
   by_id = {r.get("id", str(i)): r for i, r in enumerate(rows)}
   triples, dropped = [], 0
   for rec in res["records"]["rollouts"]:
-    # ok / no_answer are definite verdicts (no answer = wrong); timeouts and errors are unknown.
-    if rec["status"] not in ("ok", "no_answer"):
+    if rec["status"] not in DECIDED:  # a timeout or error is no verdict: not a label
       dropped += 1
       continue
     q = by_id[rec["id"]]
@@ -219,7 +218,7 @@ def split_by_question(triples, frac: float, seed: int):
 
 
 def encode(tok, triples, max_len):
-  from cooper_jax.rewards.rm_prompt import encode_rm_inputs  # pylint: disable=import-outside-toplevel
+  from cooper_jax.prompts import encode_rm_inputs  # pylint: disable=import-outside-toplevel
 
   return encode_rm_inputs(
     tok,
@@ -261,8 +260,10 @@ def main(argv=None) -> dict:
   import ml_collections  # pylint: disable=import-outside-toplevel
 
   from cooper_jax import optim, sharding, steps  # pylint: disable=import-outside-toplevel
-  from cooper_jax.evaluate import atomic_write_json  # pylint: disable=import-outside-toplevel
-  from cooper_jax.tasks.arith import write_jsonl  # pylint: disable=import-outside-toplevel
+  from cooper_jax.io import (
+    atomic_write_json,  # pylint: disable=import-outside-toplevel
+    write_jsonl,  # pylint: disable=import-outside-toplevel
+  )
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import load_pretrained, save_hf_dir  # pylint: disable=import-outside-toplevel
 
@@ -336,7 +337,7 @@ def main(argv=None) -> dict:
   for i in range(a.steps):
     chunk = [train_rows[j] for j in order[i * a.batch : (i + 1) * a.batch]]
     tokens, mask, n_cut = encode(tok, chunk, a.max_len)
-    n_truncated += n_cut
+    n_truncated += int(n_cut.sum())
     y = np.asarray([t["label"] for t in chunk], np.float32)
     batch = {
       "tokens": tokens,

@@ -12,7 +12,6 @@ checkpoints stay in <out>/runs/<condition>_s<seed>/.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import shlex
 import subprocess
@@ -24,6 +23,70 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDITIONS = ("rule", "static_rm", "cooper")
+
+
+# ---------------------------------------------------------------------------------- figures
+COLORS = {"rule": "C0", "static_rm": "C1", "cooper": "C2", "untrained": "C7"}
+
+
+def curves(runs: dict[str, list[list[dict]]], key: str):
+  """{condition: (steps, mean, lo, hi)} of a metric over seeds (steps where every seed has it)."""
+  out = {}
+  for cond, seeds in runs.items():
+    per_seed = [{r["step"]: r[key] for r in rows if key in r} for rows in seeds]
+    common = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
+    if not common:
+      continue
+    vals = np.array([[s[t] for t in common] for s in per_seed], np.float64)
+    out[cond] = (np.array(common), vals.mean(0), vals.min(0), vals.max(0))
+  return out
+
+
+def plot_dynamics(runs: dict[str, list[list[dict]]], path, title: str) -> None:
+  """Two panels as the paper's training-dynamics figure: training reward, held-out accuracy."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  panels = [
+    ("reward/mean", "training reward (what the policy optimises)"),
+    ("rule/acc", "rule-verified accuracy of training rollouts"),
+    ("eval/acc", "held-out accuracy (greedy)"),
+  ]
+  for ax, (key, label) in zip(axes, panels):
+    for cond, (x, mean, lo, hi) in curves(runs, key).items():
+      ax.plot(x, mean, label=cond, color=COLORS.get(cond))
+      ax.fill_between(x, lo, hi, alpha=0.2, color=COLORS.get(cond))
+    ax.set_title(label, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  axes[0].legend()
+  fig.suptitle(title + " (line: mean over seeds; band: min-max)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def plot_rm_stability(runs: dict[str, list[list[dict]]], path, title: str) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for cond, (x, mean, lo, hi) in curves(runs, "eval/rm_pair_acc").items():
+    ax.plot(x, mean, label=cond, color=COLORS.get(cond))
+    ax.fill_between(x, lo, hi, alpha=0.2, color=COLORS.get(cond))
+  ax.set_xlabel("step")
+  ax.set_ylabel("RM held-out pair accuracy")
+  ax.set_title(title, fontsize=10)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def parse_args(argv=None):
@@ -82,7 +145,8 @@ def build_artifacts(a) -> None:
     )
   pairs = work / "data" / "rm_eval_pairs.jsonl"
   if not pairs.exists():
-    from cooper_jax.tasks.arith import make_wrong_solution, write_jsonl  # pylint: disable=import-outside-toplevel
+    from cooper_jax.io import write_jsonl
+    from cooper_jax.tasks.arith import make_wrong_solution  # pylint: disable=import-outside-toplevel
 
     rows = [json.loads(l) for l in (work / "data" / "test.jsonl").read_text().splitlines() if l]
     rng = np.random.default_rng(1234)
@@ -101,25 +165,12 @@ def build_artifacts(a) -> None:
 
 
 def _config(a, mode: str, seed: int):
-  sys.path.insert(0, str(ROOT))
-  from experiments.small_task import get_config  # pylint: disable=import-outside-toplevel
+  from cooper_jax.config import load_config  # pylint: disable=import-outside-toplevel
 
-  c = get_config(f"{mode},{ROOT / a.workdir}")
+  c = load_config(f"{ROOT}/experiments/small_task.py:{mode},{ROOT / a.workdir}", a.set)
   c.seed = seed
   if a.steps:
     c.train.steps = c.policy.optim.total_steps = c.rm.optim.total_steps = a.steps
-  for kv in a.set:
-    key, value = kv.split("=", 1)
-    node = c
-    *path, last = key.split(".")
-    for part in path:
-      node = node[part]
-    # A Python literal where it parses (True, 3, 1e-3), else the string; ConfigDict's own type
-    # check then rejects a mismatch by key. (type(old)(value) would turn "False" into True.)
-    try:
-      node[last] = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      node[last] = value
   return c
 
 
@@ -158,8 +209,8 @@ def main(argv=None) -> dict:
   build_artifacts(a)
   t_build = time.perf_counter() - t0
 
-  from cooper_jax import study  # pylint: disable=import-outside-toplevel
-  from cooper_jax.evaluate import atomic_write, atomic_write_json  # pylint: disable=import-outside-toplevel
+  from cooper_jax import stats  # pylint: disable=import-outside-toplevel
+  from cooper_jax.io import atomic_write, atomic_write_json  # pylint: disable=import-outside-toplevel
   from cooper_jax.metrics import read_metrics  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
@@ -194,16 +245,16 @@ def main(argv=None) -> dict:
           flush=True,
         )
 
-  summaries = {k: study.condition_summary(v) for k, v in per_problem.items()}
+  summaries = {k: stats.condition_summary(v) for k, v in per_problem.items()}
   tests = {}
   for other in ("rule", "static_rm", "untrained"):
     if "cooper" in summaries and other in summaries:
-      tests[f"cooper - {other}"] = study.paired_test(
+      tests[f"cooper - {other}"] = stats.paired_test(
         np.asarray(summaries["cooper"]["per_problem"]), np.asarray(summaries[other]["per_problem"])
       )
-  table = study.format_study_table(summaries, tests, len(rows), len(seeds), a.eval_samples)
-  study.plot_dynamics(curves, out / "training_dynamics.png", "small arithmetic task")
-  study.plot_rm_stability(
+  table = stats.format_study_table(summaries, tests, len(rows), len(seeds), a.eval_samples)
+  plot_dynamics(curves, out / "training_dynamics.png", "small arithmetic task")
+  plot_rm_stability(
     curves, out / "rm_stability.png", "RM pair accuracy on held-out (correct, wrong) solutions"
   )
   wall = time.perf_counter() - t0

@@ -132,8 +132,8 @@ def train(cfg, tok, questions, responses, a):
   import ml_collections  # pylint: disable=import-outside-toplevel
 
   from cooper_jax import optim, sft, sharding, steps  # pylint: disable=import-outside-toplevel
-  from cooper_jax.evaluate import build_prompts  # pylint: disable=import-outside-toplevel
   from cooper_jax.models.transformer import init_params  # pylint: disable=import-outside-toplevel
+  from cooper_jax.prompts import build_prompts  # pylint: disable=import-outside-toplevel
 
   # The same prompt the evaluator and the RL trainer render (chat template + instruction).
   prompts = build_prompts(tok, questions)
@@ -227,7 +227,7 @@ def evaluate_policy(policy_dir: Path, test_rows, a) -> dict:
 def main(argv=None) -> dict:
   a = parse_args(argv)
   t_start = time.perf_counter()
-  from cooper_jax.evaluate import atomic_write_json  # pylint: disable=import-outside-toplevel
+  from cooper_jax.io import atomic_write_json  # pylint: disable=import-outside-toplevel
   from cooper_jax.tasks.small_tokenizer import build_small_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import save_hf_dir  # pylint: disable=import-outside-toplevel

@@ -1,11 +1,1 @@
-"""Rewards: the rule verifier (math-verify in a process pool with deadlines)."""
-
-from cooper_jax.rewards.verify import (  # noqa: F401
-  STATUSES,
-  DifferResult,
-  RuleVerifier,
-  VerifyResult,
-  extract_answer,
-  parse_reference,
-  rule_verify,
-)
+"""What judges: the rule verifier, the RM input, Cooper's pairs and negatives, the LLM judge."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import Transformer, positions_from_mask
-from cooper_jax.rewards.rm_prompt import cut_long_text
+from cooper_jax.prompts import cut_long_text, left_pad, padded_batches
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ NO_WORDS = ("no", "No", "NO", " no", " No", " NO")
 
 def judge_prompt(question: str, reference: str, completion: str) -> str:
   """The judge's user message. Reference and completion are cut as the RM's input is
-  (rm_prompt.cut_long_text: first 500 + last 1000 characters), so both verifiers see the same
+  (prompts.cut_long_text: first 500 + last 1000 characters), so both verifiers see the same
   text; the question is never cut. The instruction is repeated at the end because small
   judges follow the instruction nearest the answer slot."""
   return (
@@ -91,20 +91,6 @@ def _render(tokenizer, user_texts: list[str], chat: bool) -> list[str]:
   if chat:
     return [tokenizer.chat_prompt(t) for t in user_texts]
   return [t + "\nAnswer:" for t in user_texts]
-
-
-def _left_pad(rows: list[list[int]], pad_id: int, max_len: int, pad_to_multiple: int):
-  """Left-padded tokens/mask; a prompt over max_len keeps its LAST max_len tokens (the end
-  holds the candidate's final answer and the repeated instruction). Also returns which rows
-  were cut (bool [b])."""
-  cut = np.array([len(r) > max_len for r in rows])
-  rows = [r[-max_len:] for r in rows]
-  width = min(max_len, -(-max(len(r) for r in rows) // pad_to_multiple) * pad_to_multiple)
-  tokens = np.full((len(rows), width), pad_id, np.int32)
-  mask = np.zeros((len(rows), width), np.bool_)
-  for i, r in enumerate(rows):
-    tokens[i, width - len(r) :], mask[i, width - len(r) :] = r, True
-  return tokens, mask, cut
 
 
 def decide(logp_yes: np.ndarray, logp_no: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -187,11 +173,8 @@ def llm_judge(
     encoded = [tokenizer.encode(t) for t in texts]
     order = np.argsort([len(r) for r in encoded], kind="stable")
     ids_k = jnp.asarray(yes_ids + no_ids, jnp.int32)
-    for start in range(0, n, batch_size):
-      idx = order[start : start + batch_size]
-      real = idx.size
-      idx = np.concatenate([idx, np.full(batch_size - real, idx[-1])])  # dummy rows, dropped
-      tokens, mask, cut = _left_pad(
+    for _, idx, real in padded_batches(order, batch_size):
+      tokens, mask, cut = left_pad(
         [encoded[i] for i in idx], tokenizer.pad_id, max_len, pad_to_multiple
       )
       stats["truncated_prompts"] += int(cut[:real].sum())

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from cooper_jax.rewards.verify import RuleVerifier
+from cooper_jax.rewards.verify import RuleVerifier, last_boxed_span
 
 REJECT_REASONS = ("same_answer", "no_answer", "timeout", "error", "empty")
 STRATEGIES = ("first", "random")
@@ -84,20 +84,6 @@ class NegativeGenerator(Protocol):
 # "." (so subscripts like x_2 and the tail of "3.14" are left alone); the sign stays outside,
 # so perturbing the magnitude of "-5" gives another negative number.
 _NUMBER = re.compile(r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d)")
-_BOX_OPENERS = ("\\boxed{", "\\fbox{")
-
-
-def _last_boxed_span(text: str) -> tuple[int, int] | None:
-  """(start, end) of the content of the last \\boxed{...}, braces balanced; None if none."""
-  start = max(text.rfind(o) + len(o) if o in text else -1 for o in _BOX_OPENERS)
-  if start < 0:
-    return None
-  depth = 1
-  for i in range(start, len(text)):
-    depth += {"{": 1, "}": -1}.get(text[i], 0)
-    if depth == 0:
-      return start, i
-  return None  # unbalanced (e.g. a truncated rollout): fall back to the last number
 
 
 def final_answer_span(text: str) -> tuple[int, int] | None:
@@ -105,7 +91,7 @@ def final_answer_span(text: str) -> tuple[int, int] | None:
 
   The same places math-verify looks first, so changing this span changes its parse.
   """
-  span = _last_boxed_span(text)
+  span = last_boxed_span(text)
   if span is not None:
     return span
   last = None

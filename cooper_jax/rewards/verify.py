@@ -15,12 +15,12 @@ worker (standard multiprocessing behaviour), so keep heavy work under `if __name
 
 from __future__ import annotations
 
-import atexit
 import collections
 import dataclasses
 import logging
 import multiprocessing as mp
 import os
+import re
 import signal
 import threading
 import time
@@ -32,6 +32,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 STATUSES = ("ok", "no_answer", "timeout", "error", "ref_parse_error")
+DECIDED = ("ok", "no_answer")  # statuses that are a verdict; the others are unknown
 _STARTUP_TIMEOUT_S = 120.0  # a spawned worker must import math-verify/sympy (~1 s) by then
 _MAX_STARTUP_FAILURES = 3  # consecutive workers dying before "ready": a broken setup, not bad luck
 
@@ -39,6 +40,21 @@ _MAX_STARTUP_FAILURES = 3  # consecutive workers dying before "ready": a broken 
 # --------------------------------------------------------------------------------------------
 # Worker-side primitives (run inside the pool processes; also importable for direct use)
 # --------------------------------------------------------------------------------------------
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def last_boxed_span(text: str) -> tuple[int, int] | None:
+  """(start, end) of the content of the last closed \\boxed{...} / \\fbox{...} (braces matched);
+  None if there is none. An unclosed last box (a truncated rollout) falls back to the box
+  before it."""
+  for m in reversed(list(_BOX.finditer(text))):
+    depth = 1
+    for i in range(m.end(), len(text)):
+      depth += {"{": 1, "}": -1}.get(text[i], 0)
+      if depth == 0:
+        return m.end(), i
+  return None
 
 
 def extract_answer(text: str) -> list:
@@ -186,6 +202,12 @@ class VerifyResult:
   detail: list[str | None] = dataclasses.field(default_factory=list)  # error/timeout text
   worker_restarts: int = 0  # workers killed (deadline) or crashed during this call
   elapsed_s: float = 0.0
+
+  def labels(self) -> np.ndarray:
+    """int8 rule label per item: 1 correct, 0 wrong (an answer that does not match, or no
+    answer), -1 unknown (timeout, error, unparsable reference): no verdict, not a wrong one."""
+    decided = np.isin(self.status, DECIDED)
+    return np.where(decided, np.asarray(self.correct, np.int8), -1).astype(np.int8)
 
 
 @dataclasses.dataclass
@@ -425,7 +447,7 @@ class RuleVerifier:
         "differ", list(a_texts), list(b_texts), deadline_s
       )
       counts = self._account("answers differ", status, detail, restarts)
-    differ = [v if s in ("ok", "no_answer") else None for v, s in zip(value, status)]
+    differ = [v if s in DECIDED else None for v, s in zip(value, status)]
     return DifferResult(
       differ=differ,
       status=status,
@@ -434,36 +456,3 @@ class RuleVerifier:
       detail=detail,
       worker_restarts=restarts,
     )
-
-  def answers_differ(self, a_text: str, b_text: str, deadline_s: float = 5.0) -> bool | None:
-    """True if the two texts' answers differ (or one has none), None on timeout/error."""
-    return self.differ_batch([a_text], [b_text], deadline_s).differ[0]
-
-
-# --------------------------------------------------------------------------------------------
-# Convenience
-# --------------------------------------------------------------------------------------------
-
-_default: RuleVerifier | None = None
-_default_lock = threading.Lock()
-
-
-def default_verifier() -> RuleVerifier:
-  """A lazily started process-wide pool (closed at exit), for scripts and evaluation."""
-  global _default
-  with _default_lock:
-    if _default is None or _default._closed:
-      _default = RuleVerifier()
-      atexit.register(_default.close)
-    return _default
-
-
-def rule_verify(
-  completions: list[str],
-  references: list[str],
-  verifier: RuleVerifier | None = None,
-  *,
-  deadline_s: float = 5.0,
-) -> VerifyResult:
-  """Verify with the given pool, or the shared default pool if none is given."""
-  return (verifier or default_verifier()).verify(completions, references, deadline_s)

@@ -23,14 +23,13 @@ Everything is deterministic given the seed: row i of a split uses default_rng([s
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import numpy as np
+
+from cooper_jax.io import write_jsonl
 
 SOURCE = "arith"
 DIFFICULTIES = (1, 2, 3)
@@ -276,23 +275,6 @@ def generate_rows(
     seen.add(row["question"])
     rows.append({"id": f"arith-{seed}-{i}", **row})
   return rows
-
-
-def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> Path:
-  """Writes rows as JSONL atomically (temp file in the same directory, then os.replace)."""
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      for r in rows:
-        f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-  return path
 
 
 def write_split(

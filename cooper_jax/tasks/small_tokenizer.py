@@ -22,8 +22,7 @@ from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from cooper_jax.evaluate import INSTRUCTION_SUFFIX
-from cooper_jax.rewards.rm_prompt import build_rm_input
+from cooper_jax.prompts import INSTRUCTION_SUFFIX, build_rm_input
 from cooper_jax.tasks.arith import generate_rows, make_wrong_solution
 
 # Ids 0-2 as in SmolLM2; a dedicated pad so a pad is never mistaken for an end of turn.
@@ -107,7 +106,7 @@ def build_small_tokenizer(
     clean_up_tokenization_spaces=False,
     model_max_length=512,
   )
-  from cooper_jax.weights.hf_io import atomic_dir  # pylint: disable=import-outside-toplevel
+  from cooper_jax.io import atomic_dir  # pylint: disable=import-outside-toplevel
 
   with atomic_dir(out_dir) as tmp:
     hf.save_pretrained(tmp)

@@ -12,7 +12,7 @@ from cooper_jax.weights.hf_io import load_hf_dir, save_hf_dir
 EMBEDDED_NAME = "smollm2-135m-instruct"
 
 
-def resolve_source(source: str) -> str:
+def resolve_weights(source: str) -> str:
   """A model source string -> a local path (the embedded name maps to its GGUF file)."""
   if source == EMBEDDED_NAME:
     from cooper_jax.weights.embedded import embedded_gguf_path  # pylint: disable=import-outside-toplevel
@@ -29,7 +29,7 @@ def load_pretrained(
   `head="score"` on a causal LM gives a reward model with a fresh zero score head.
   `cfg_overrides` set ModelConfig fields (param_dtype, dtype, remat, ...).
   """
-  path = resolve_source(source)
+  path = resolve_weights(source)
   if path.endswith(".gguf"):
     if not Path(path).exists():
       raise FileNotFoundError(f"GGUF file not found: {path}")
@@ -59,5 +59,5 @@ __all__ = [
   "load_gguf",
   "load_hf_dir",
   "save_hf_dir",
-  "resolve_source",
+  "resolve_weights",
 ]

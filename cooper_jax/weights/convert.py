@@ -92,14 +92,22 @@ def _get(tree: dict, path: tuple[str, ...]):
 
 
 def params_from_hf(
-  cfg: ModelConfig, get_tensor: Callable[[str], np.ndarray | None], source: str, dtype=np.float32
+  cfg: ModelConfig,
+  get_tensor: Callable[[str], np.ndarray | None],
+  source: str,
+  dtype=np.float32,
+  fresh_score_head: bool = False,
 ) -> dict:
   """Builds the parameter pytree; `get_tensor(name)` returns an HF-layout array or None.
 
-  Raises ValueError naming the missing or mis-shaped tensor and the source file.
+  fresh_score_head: the score head starts at zero (a causal LM becoming a reward model: every
+  input scores 0, reward 0.5, until RM training moves it). Raises ValueError naming the missing
+  or mis-shaped tensor and the source file.
   """
 
   def fetch(name, shape):
+    if fresh_score_head and name == "score.weight":
+      return np.zeros(shape, dtype)
     w = get_tensor(name)
     if w is None:
       raise ValueError(f"{source}: missing tensor {name!r} (expected shape {shape})")

@@ -105,8 +105,6 @@ def load_gguf(path: str | os.PathLike, **cfg_overrides) -> tuple[ModelConfig, di
         raise ValueError(f"{path}: unexpected GGUF tensor {t.name!r}")
 
   def get_tensor(name):
-    if fresh_head and name == "score.weight":
-      return np.zeros((1, cfg.d_model), np.float32)
     t = by_hf_name.get(name)
     if t is None:
       return None
@@ -119,4 +117,6 @@ def load_gguf(path: str | os.PathLike, **cfg_overrides) -> tuple[ModelConfig, di
       w = unpermute_rope_rows(w, cfg.n_kv_heads)
     return w
 
-  return cfg, params_from_hf(cfg, get_tensor, os.fspath(path), dtype=cfg.jnp_param_dtype)
+  return cfg, params_from_hf(
+    cfg, get_tensor, os.fspath(path), dtype=cfg.jnp_param_dtype, fresh_score_head=fresh_head
+  )

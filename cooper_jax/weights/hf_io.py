@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import ml_dtypes
@@ -14,27 +11,11 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from cooper_jax.io import atomic_dir
 from cooper_jax.models.config import ModelConfig, from_hf_config, to_hf_config
 from cooper_jax.weights.convert import expected_hf_names, hf_from_params, params_from_hf
 
 _INDEX = "model.safetensors.index.json"
-
-
-@contextlib.contextmanager
-def atomic_dir(out_dir: str | os.PathLike):
-  """Yields a temporary sibling directory that replaces `out_dir` only if the block succeeds,
-  so a crash never leaves a half-written export behind."""
-  out_dir = Path(out_dir)
-  out_dir.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-  try:
-    yield tmp
-    if out_dir.exists():
-      shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
 
 
 def _tensor_files(ckpt_dir: Path) -> dict[str, Path]:
@@ -70,8 +51,6 @@ def load_hf_dir(
   handles = {}
 
   def get_tensor(name):
-    if fresh_head and name == "score.weight":
-      return np.zeros((1, cfg.d_model), np.float32)
     path = files.get(name)
     if path is None:
       return None
@@ -80,7 +59,9 @@ def load_hf_dir(
     return handles[path].get_tensor(name)
 
   try:
-    params = params_from_hf(cfg, get_tensor, str(ckpt_dir), dtype=cfg.jnp_param_dtype)
+    params = params_from_hf(
+      cfg, get_tensor, str(ckpt_dir), dtype=cfg.jnp_param_dtype, fresh_score_head=fresh_head
+    )
   finally:
     handles.clear()
   unused = set(files) - expected_hf_names(cfg) - {"lm_head.weight"}

@@ -1,0 +1,189 @@
+"""Statistics in one place: bootstrap CIs, paired tests, classifier metrics, study summaries.
+
+Resampling uses `scipy.stats` (percentile bootstrap, sign-flip permutation test); what scipy
+has no function for (clustered bootstrap of confusion counts, the study's table) is written
+here. numpy-only at import: scipy is imported where it is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+CLASSIFIER_METRICS = ("precision", "recall", "f1", "accuracy")
+
+
+# ---------------------------------------------------------------------------------- bootstrap
+def _percentile_ci(samples: tuple, statistic, n_resamples: int, seed: int, alpha: float):
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+
+  samples = tuple(np.asarray(s, np.float64).reshape(-1) for s in samples)
+  if any(s.size == 0 for s in samples):
+    raise ValueError("bootstrap over an empty array")
+  if all(np.all(s == s[0]) for s in samples):  # scipy warns on degenerate data; the CI is a point
+    v = float(statistic(*(s[None] for s in samples), axis=-1)[0])
+    return v, v
+  res = stats.bootstrap(
+    samples,
+    statistic,
+    n_resamples=n_resamples,
+    confidence_level=1 - alpha,
+    method="percentile",
+    vectorized=True,
+    rng=np.random.default_rng(seed),
+  )
+  return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def bootstrap_ci(
+  x, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float]:
+  """Percentile bootstrap CI of the mean of x (e.g. per-problem accuracies)."""
+  return _percentile_ci((x,), np.mean, n_resamples, seed, alpha)
+
+
+def bootstrap_ci_average(
+  xs: Sequence, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float]:
+  """CI of the unweighted mean of the means of several samples, each resampled on its own
+  (e.g. the average over benchmarks, every benchmark redrawn in every resample)."""
+  mean_of_means = lambda *s, axis: np.mean([v.mean(axis=axis) for v in s], axis=0)
+  return _percentile_ci(tuple(xs), mean_of_means, n_resamples, seed, alpha)
+
+
+def paired_test(a, b, n: int = 10000, seed: int = 0) -> dict:
+  """Mean of a - b over pairs, its bootstrap 95% CI, and a two-sided sign-flip permutation p."""
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+
+  d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+  if d.shape[0] == 0:
+    raise ValueError("paired_test needs at least one pair")
+  if np.all(d == 0):
+    p = 1.0
+  else:
+    # One sample + permutation_type="samples" = flipping the sign of each paired difference.
+    res = stats.permutation_test(
+      (d,),
+      lambda x, axis: np.mean(x, axis=axis),
+      permutation_type="samples",
+      n_resamples=n,
+      vectorized=True,
+      alternative="two-sided",
+      rng=np.random.default_rng(seed),
+    )
+    p = float(res.pvalue)
+  lo, hi = bootstrap_ci(d, n_resamples=2000, seed=seed)
+  return {"mean_diff": float(d.mean()), "ci95": [lo, hi], "p_value": p, "n_problems": d.shape[0]}
+
+
+# ---------------------------------------------------------------------------------- classifiers
+def precision_recall(pred, true):
+  """(precision, recall) of boolean predictions; 0 where undefined (nothing predicted / no
+  positives). Works on numpy and jax arrays alike (only operators and .sum() are used), so the
+  jitted BCE loss and the host-side monitors share it."""
+  tp = (pred & true).sum()
+  n_pred, n_true = pred.sum(), true.sum()
+  return tp / (n_pred + (n_pred == 0)), tp / (n_true + (n_true == 0))
+
+
+def confusion_metrics(tp, fp, fn, tn) -> dict:
+  """precision / recall / f1 / accuracy from confusion counts (scalars or arrays); NaN where
+  undefined."""
+  tp, fp, fn, tn = (np.asarray(x, np.float64) for x in (tp, fp, fn, tn))
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return {
+      "precision": tp / (tp + fp),
+      "recall": tp / (tp + fn),
+      "f1": 2 * tp / (2 * tp + fp + fn),
+      "accuracy": (tp + tn) / (tp + fp + fn + tn),
+    }
+
+
+def _confusion(pred, gold):
+  p, g = np.asarray(pred) == 1, np.asarray(gold) == 1  # undecided (-1) predicts negative
+  return (p & g), (p & ~g), (~p & g), (~p & ~g)
+
+
+def binary_metrics(pred, gold) -> dict:
+  """tp/fp/fn/tn, precision, recall, f1, accuracy (None where undefined) of pred vs gold.
+  pred in {1, 0, -1} (-1 undecided, scored negative and counted), gold in {1, 0}."""
+  pred, gold = np.asarray(pred), np.asarray(gold)
+  if pred.shape != gold.shape:
+    raise ValueError(f"shape mismatch {pred.shape} vs {gold.shape}")
+  if not np.isin(gold, (0, 1)).all():
+    raise ValueError("gold labels must be 0/1 (drop undecidable items first)")
+  c = [int(x.sum()) for x in _confusion(pred, gold)]
+  out = dict(zip(("tp", "fp", "fn", "tn"), c), n=int(gold.size), undecided=int((pred < 0).sum()))
+  out.update({k: None if np.isnan(v) else float(v) for k, v in confusion_metrics(*c).items()})
+  return out
+
+
+def bootstrap_binary_metrics(
+  pred, gold, groups, n_resamples: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> dict:
+  """{metric: [lo, hi] or None, "undefined": {metric: resamples dropped}}: a cluster bootstrap
+  (all items of a group, e.g. one question's completions, are drawn together)."""
+  _, inv = np.unique(np.asarray(groups), return_inverse=True)
+  n_groups = int(inv.max()) + 1 if inv.size else 0
+  per_group = np.zeros((n_groups, 4))
+  for k, x in enumerate(_confusion(pred, gold)):
+    per_group[:, k] = np.bincount(inv, weights=x.astype(np.float64), minlength=n_groups)
+  rng = np.random.default_rng(seed)
+  draws = per_group[rng.integers(0, n_groups, size=(n_resamples, n_groups))].sum(axis=1)
+  ms = confusion_metrics(*draws.T)
+  out, undefined = {}, {}
+  for k in CLASSIFIER_METRICS:
+    ok = ~np.isnan(ms[k])
+    undefined[k] = int((~ok).sum())
+    out[k] = (
+      [float(v) for v in np.quantile(ms[k][ok], [alpha / 2, 1 - alpha / 2])] if ok.any() else None
+    )
+  out["undefined"] = undefined
+  return out
+
+
+# ---------------------------------------------------------------------------------- studies
+def condition_summary(per_seed_problem_acc: Sequence[np.ndarray]) -> dict:
+  """per_seed_problem_acc: one [n_problems] array per seed (mean over samples)."""
+  m = np.stack([np.asarray(x, np.float64) for x in per_seed_problem_acc])  # [seeds, problems]
+  per_problem = m.mean(axis=0)
+  seed_means = m.mean(axis=1)
+  lo, hi = bootstrap_ci(per_problem, n_resamples=2000)
+  return {
+    "accuracy": float(per_problem.mean()),
+    "ci95": [lo, hi],
+    "seed_accuracies": seed_means.tolist(),
+    "seed_sd": float(seed_means.std(ddof=1)) if len(seed_means) > 1 else 0.0,
+    "per_problem": per_problem.tolist(),
+  }
+
+
+def format_study_table(
+  summaries: dict[str, dict], tests: dict[str, dict], n_problems: int, n_seeds: int, samples: int
+) -> str:
+  lines = [
+    f"| condition | held-out acc % (95% CI over {n_problems} problems) | seed sd "
+    f"(n={n_seeds}) | per-seed % |",
+    "|---|---|---|---|",
+  ]
+  for name, s in summaries.items():
+    seeds = ", ".join(f"{100 * a:.1f}" for a in s["seed_accuracies"])
+    lines.append(
+      f"| {name} | {100 * s['accuracy']:.1f} ({100 * s['ci95'][0]:.1f}-"
+      f"{100 * s['ci95'][1]:.1f}) | {100 * s['seed_sd']:.1f} | {seeds} |"
+    )
+  lines += [
+    "",
+    f"Paired by problem (mean over {n_seeds} seeds x {samples} samples), "
+    "bootstrap 95% CI of the difference and a two-sided sign-flip permutation test:",
+    "",
+    "| comparison | diff (points) | 95% CI | p |",
+    "|---|---|---|---|",
+  ]
+  for name, t in tests.items():
+    lines.append(
+      f"| {name} | {100 * t['mean_diff']:+.1f} | {100 * t['ci95'][0]:+.1f} to "
+      f"{100 * t['ci95'][1]:+.1f} | {t['p_value']:.3g} |"
+    )
+  return "\n".join(lines) + "\n"
