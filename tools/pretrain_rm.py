@@ -257,13 +257,13 @@ def main(argv=None) -> dict:
   a = parse_args(argv)
   t_start = time.perf_counter()
   import jax  # pylint: disable=import-outside-toplevel
-  import ml_collections  # pylint: disable=import-outside-toplevel
 
   from cooper_jax import optim, sharding, steps  # pylint: disable=import-outside-toplevel
   from cooper_jax.io import (
     atomic_write_json,  # pylint: disable=import-outside-toplevel
     write_jsonl,  # pylint: disable=import-outside-toplevel
   )
+  from cooper_jax.supervised import adamw_warmup_cosine, train_supervised  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import load_pretrained, save_hf_dir  # pylint: disable=import-outside-toplevel
 
@@ -302,22 +302,7 @@ def main(argv=None) -> dict:
   cfg, params = load_pretrained(a.backbone, head="score")
   if cfg.pad_id is None:
     cfg = cfg.replace(pad_id=tok.pad_id)  # HF's SequenceClassification needs it on export
-  opt = optim.make_optimizer(
-    ml_collections.ConfigDict(
-      dict(
-        lr=a.lr,
-        schedule="warmup_cosine",
-        warmup_steps=a.warmup,
-        total_steps=max(a.steps, 1),
-        end_lr_frac=0.1,
-        b1=0.9,
-        b2=0.95,
-        eps=1e-8,
-        weight_decay=0.01,
-        grad_clip=1.0,
-      )
-    )
-  )
+  opt = optim.make_optimizer(adamw_warmup_cosine(a.lr, a.warmup, max(a.steps, 1)))
   mesh = sharding.make_mesh()
   state = sharding.shard_tree(steps.init_state(params, opt), mesh)
   score_fn = steps.make_reward_fn(cfg, mesh, state["params"])
@@ -327,42 +312,40 @@ def main(argv=None) -> dict:
   # Class weights: each class carries half the loss when --balance (else all rows weigh 1).
   pos = max(float(labels.mean()), 1e-6)
   w_pos, w_neg = (0.5 / pos, 0.5 / max(1.0 - pos, 1e-6)) if a.balance else (1.0, 1.0)
-  order = np.concatenate(
-    [
-      rng.permutation(len(train_rows))
-      for _ in range(-(-max(a.steps, 1) * a.batch // len(train_rows)))
-    ]
-  )
-  step_fns, log, n_truncated, t0 = {}, [], 0, time.perf_counter()
-  for i in range(a.steps):
-    chunk = [train_rows[j] for j in order[i * a.batch : (i + 1) * a.batch]]
-    tokens, mask, n_cut = encode(tok, chunk, a.max_len)
+  n_truncated = 0
+
+  def encode_batch(idx):
+    nonlocal n_truncated
+    chunk = [train_rows[j] for j in idx]
+    tokens, mask, n_cut = encode(tok, chunk, a.max_len)  # widths are multiples of 32
     n_truncated += int(n_cut.sum())
     y = np.asarray([t["label"] for t in chunk], np.float32)
-    batch = {
+    return {
       "tokens": tokens,
       "mask": mask,
       "labels": y,
       "weight": np.where(y > 0, w_pos, w_neg).astype(np.float32),
     }
-    if tokens.shape[1] not in step_fns:  # widths are multiples of 32: few compilations
-      step_fns[tokens.shape[1]] = steps.make_rm_step(cfg, "bce", opt, mesh, state, batch)
-    state, m = step_fns[tokens.shape[1]](state, batch)
-    last = i + 1 == a.steps
-    if (i + 1) % 25 == 0 or last or (a.eval_every and (i + 1) % a.eval_every == 0):
-      m = {k: float(v) for k, v in jax.device_get(m).items()}
-      m.update(step=i + 1, elapsed_s=time.perf_counter() - t0)
-      if a.eval_every and (i + 1) % a.eval_every == 0 and not last:
-        m["heldout"] = heldout_metrics(score_fn, state["params"], tok, held_rows, a.max_len)
-      log.append(m)
-      print(
-        f"step {i + 1}/{a.steps} loss {m['loss']:.4f} acc {m['accuracy']:.3f} "
-        f"grad_norm {m['grad_norm']:.2f} skipped {int(m['n_skipped'])} "
-        f"{m['elapsed_s']:.0f}s"
-        + (f" heldout acc {m['heldout']['accuracy']:.3f}" if "heldout" in m else ""),
-        flush=True,
-      )
-  train_s = time.perf_counter() - t0
+
+  state, log, train_s = train_supervised(
+    state,
+    n_rows=len(train_rows),
+    steps=a.steps,
+    batch_size=a.batch,
+    rng=rng,  # continues the stream the --max_examples subset was drawn from
+    encode=encode_batch,
+    make_step=lambda state, batch: steps.make_rm_step(cfg, "bce", opt, mesh, state, batch),
+    describe=lambda m: (
+      f"loss {m['loss']:.4f} acc {m['accuracy']:.3f} grad_norm {m['grad_norm']:.2f} "
+      f"skipped {int(m['n_skipped'])} {m['elapsed_s']:.0f}s"
+      + (f" heldout acc {m['heldout']['accuracy']:.3f}" if "heldout" in m else "")
+    ),
+    log_every=25,
+    eval_every=a.eval_every,
+    evaluate=lambda state: {
+      "heldout": heldout_metrics(score_fn, state["params"], tok, held_rows, a.max_len)
+    },
+  )
   params = jax.device_get(state["params"])
   after = heldout_metrics(score_fn, params, tok, held_rows, a.max_len)
   save_hf_dir(cfg, params, out, tokenizer=tok)

@@ -129,60 +129,37 @@ def small_config(tok, a):
 
 def train(cfg, tok, questions, responses, a):
   import jax  # pylint: disable=import-outside-toplevel
-  import ml_collections  # pylint: disable=import-outside-toplevel
 
   from cooper_jax import optim, sft, sharding, steps  # pylint: disable=import-outside-toplevel
   from cooper_jax.models.transformer import init_params  # pylint: disable=import-outside-toplevel
   from cooper_jax.prompts import build_prompts  # pylint: disable=import-outside-toplevel
+  from cooper_jax.supervised import adamw_warmup_cosine, train_supervised  # pylint: disable=import-outside-toplevel
 
   # The same prompt the evaluator and the RL trainer render (chat template + instruction).
   prompts = build_prompts(tok, questions)
-  opt = optim.make_optimizer(
-    ml_collections.ConfigDict(
-      dict(
-        lr=a.lr,
-        schedule="warmup_cosine",
-        warmup_steps=a.warmup,
-        total_steps=a.steps,
-        end_lr_frac=0.1,
-        b1=0.9,
-        b2=0.95,
-        eps=1e-8,
-        weight_decay=0.01,
-        grad_clip=1.0,
-      )
-    )
-  )
+  opt = optim.make_optimizer(adamw_warmup_cosine(a.lr, a.warmup, a.steps))
   mesh = sharding.make_mesh()
   # Jitted init: eager Flax init runs the scanned layers op by op (slow on a busy CPU).
   params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(a.seed))
   state = sharding.shard_tree(steps.init_state(params, opt), mesh)
-  rng = np.random.default_rng([a.seed, 2])
-  order = np.concatenate(
-    [rng.permutation(len(prompts)) for _ in range(-(-a.steps * a.batch // len(prompts)))]
-  )
-  step_fns, log, t0 = {}, [], time.perf_counter()
-  for i in range(a.steps):
-    idx = order[i * a.batch : (i + 1) * a.batch]
+  state, log, seconds = train_supervised(
+    state,
+    n_rows=len(prompts),
+    steps=a.steps,
+    batch_size=a.batch,
+    rng=np.random.default_rng([a.seed, 2]),
     # Width rounded to 32: a handful of shapes to compile instead of one per batch.
-    batch = sft.encode_sft_batch(
+    encode=lambda idx: sft.encode_sft_batch(
       tok, [prompts[j] for j in idx], [responses[j] for j in idx], a.max_len, pad_to_multiple=32
-    )
-    width = batch["tokens"].shape[1]
-    if width not in step_fns:
-      step_fns[width] = sft.make_sft_step(cfg, opt, mesh, state, batch)
-    state, m = step_fns[width](state, batch)
-    if (i + 1) % a.log_every == 0 or i + 1 == a.steps:
-      m = {k: float(v) for k, v in jax.device_get(m).items()}
-      m.update(step=i + 1, elapsed_s=time.perf_counter() - t0)
-      log.append(m)
-      print(
-        f"step {i + 1}/{a.steps} loss {m['loss']:.4f} token_acc {m['token_accuracy']:.3f} "
-        f"grad_norm {m['grad_norm']:.2f} skipped {int(m['n_skipped'])} "
-        f"{m['elapsed_s']:.0f}s",
-        flush=True,
-      )
-  return jax.device_get(state["params"]), log, time.perf_counter() - t0
+    ),
+    make_step=lambda state, batch: sft.make_sft_step(cfg, opt, mesh, state, batch),
+    describe=lambda m: (
+      f"loss {m['loss']:.4f} token_acc {m['token_accuracy']:.3f} "
+      f"grad_norm {m['grad_norm']:.2f} skipped {int(m['n_skipped'])} {m['elapsed_s']:.0f}s"
+    ),
+    log_every=a.log_every,
+  )
+  return jax.device_get(state["params"]), log, seconds
 
 
 def evaluate_policy(policy_dir: Path, test_rows, a) -> dict:
