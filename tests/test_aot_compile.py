@@ -1,0 +1,204 @@
+"""tools/aot_compile.py / cooper_jax.aot: compiling the training iteration for a TPU topology on
+this CPU host (libtpu's compile-only client). Skipped where libtpu is not installed."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+from cooper_jax import aot, optim, sharding, steps
+from cooper_jax.models.config import ModelConfig, from_hf_config
+from experiments.paper import get_config as paper_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPOLOGY = "v5e:2x4"
+
+pytestmark = pytest.mark.skipif(
+  importlib.util.find_spec("libtpu") is None, reason="libtpu not installed (requirements.txt)"
+)
+
+
+@pytest.fixture(scope="module")
+def paper_policy_step():
+  """experiments/paper.py:qwen,cooper's policy_step on v5e:2x4, compiled once (~1 min)."""
+  c = paper_config("qwen,cooper")
+  report = aot.compile_iteration(c, TOPOLOGY, only=("policy_step",))
+  (r,) = report.results
+  return c, report, r
+
+
+def _policy_step_flops_by_hand(c) -> float:
+  """Independent count for Qwen2.5-1.5B: 6 x (matmul weights) x tokens for fwd+bwd, +2x for
+  the remat'ed layers, dense attention (QK^T and PV, 2 matmuls, both t x t), LM head on the
+  response positions only."""
+  d, layers, heads, kv, hd, ff, vocab = 1536, 28, 12, 2, 128, 8960, 151936
+  rows = c.rollout.prompts_per_step * c.rollout.group_size
+  t = c.rollout.max_prompt_len + c.rollout.max_new_tokens
+  n = c.rollout.max_new_tokens
+  w_layer = d * hd * heads * 2 + d * hd * kv * 2 + 3 * d * ff  # q, o; k, v; gate, up, down
+  layer_fwd = 2 * rows * t * w_layer * layers + 2 * 2 * rows * t * t * heads * hd * layers
+  head_fwd = 2 * rows * n * d * vocab
+  return 3 * (layer_fwd + head_fwd) + layer_fwd  # fwd + bwd (2x), + remat recompute
+
+
+def test_policy_step_consistent(paper_policy_step):
+  c, report, r = paper_policy_step
+  assert (r.function, r.topology, r.chips, r.devices) == ("policy_step", TOPOLOGY, 8, 8)
+  assert report.device_kind == "TPU v5 lite"
+  assert 15 < r.hbm_gib <= 16
+  assert r.peak_gib >= r.argument_gib > 0
+  # The policy state (fp32 params + 2 AdamW moments of ~1.54B params) sharded over 8 chips.
+  state_gib = 1.54e9 * 4 * 3 / 8 / 2**30
+  assert report.persistent["policy_state"] / 2**30 == pytest.approx(state_gib, rel=0.02)
+  # Resident = everything else that stays on the chip + this function's footprint.
+  others = sum(v for k, v in report.persistent.items() if k != "policy_state") / 2**30
+  assert r.resident_gib == pytest.approx(others + r.peak_gib, rel=1e-6)
+  expected = _policy_step_flops_by_hand(c) / 8
+  assert r.flops == pytest.approx(expected, rel=0.10)
+  assert r.roofline_s == pytest.approx(max(r.flops / 197e12, r.bytes / 819e9), rel=1e-6)
+  assert r.roofline_s >= r.flops / 197e12 > 1.0  # tens of TFLOP per chip per step
+  if not r.fits:
+    assert r.resident_gib > r.hbm_gib or r.error
+
+
+def test_paper_qwen_cooper_policy_step_fits_v5e_2x4(paper_policy_step):
+  """The paper config as experiments/paper.py sets it (micro-batching included) must fit a
+  v5e:2x4 slice. Adjust here if paper.py's target topology or settings change."""
+  _, _, r = paper_policy_step
+  assert r.fits, f"policy_step needs {r.resident_gib:.1f} GiB of {r.hbm_gib:.2f} ({r.error})"
+
+
+def test_analytic_flops_match_xla_loop_body():
+  """XLA's cost_analysis counts a scanned layer once. For a 2-layer remat'ed model (the layer
+  scan stays a loop; with 1 layer XLA unrolls it and CSEs the remat recompute away, since
+  nn.remat runs with prevent_cse=False) XLA's figure must therefore equal the analytic count
+  of the same model with ONE layer: fwd + bwd + recompute for policy_step, fwd for the
+  log-prob fn (elementwise ops, which the analytic count leaves out, are a few percent here)."""
+  cfg = ModelConfig(
+    vocab_size=2048,
+    d_model=256,
+    n_layers=1,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=64,
+    d_ff=1024,
+    family="qwen2",
+    qkv_bias=True,
+    dtype="bfloat16",
+    remat=True,
+  ).replace(n_layers=2)
+  body_once = cfg.replace(n_layers=1)
+  topo = aot.get_topology(TOPOLOGY)
+  mesh = sharding.make_mesh(data=8, devices=topo.devices)
+  rows, p, n = 16, 64, 64
+  params = aot.abstract_params(cfg, mesh)
+  opt = optim.make_optimizer(paper_config("qwen,rule").policy.optim)
+  state = aot.abstract_state(params, opt, mesh)
+  shapes = {
+    "prompt_tokens": ((rows, p), jnp.int32),
+    "prompt_mask": ((rows, p), bool),
+    "response_tokens": ((rows, n), jnp.int32),
+    "response_mask": ((rows, n), bool),
+  }
+  lp_batch = aot._batch(mesh, shapes)
+  batch = aot._batch(mesh, dict(shapes, advantages=((rows,), jnp.float32)))
+  loss = paper_config("qwen,rule").policy.loss
+  loss.kl_coef = 0.0
+  step = steps.make_policy_step(cfg, loss, opt, mesh, state, batch)
+  xla = step.lower(state, batch).compile().cost_analysis()["flops"]
+  assert aot.train_flops(body_once, rows, p + n, n) / 8 == pytest.approx(xla, rel=0.05)
+  lp = steps.make_logprob_fn(cfg, mesh, params)
+  xla = lp.lower(params, lp_batch).compile().cost_analysis()["flops"]
+  assert aot.forward_flops(body_once, rows, p + n, p + n, n) / 8 == pytest.approx(xla, rel=0.05)
+
+
+# Published total parameter counts (Hugging Face model cards / safetensors index).
+PUBLISHED_PARAMS = {
+  "Qwen/Qwen2.5-1.5B-Instruct": 1.54e9,
+  "Qwen/Qwen2.5-Math-1.5B": 1.54e9,
+  "Qwen/Qwen2.5-7B-Instruct": 7.61e9,
+  "meta-llama/Llama-3.2-1B-Instruct": 1.24e9,
+  "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135e9,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_known_architectures_map(name):
+  try:
+    cfg = from_hf_config(aot.hf_config_for(name))
+  except ValueError as e:  # Llama-3 rope_scaling before models/config.py supports it
+    pytest.skip(f"{name}: {e}")
+  assert cfg.num_params() == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
+  assert aot.hf_config_for(name.split("/")[-1].lower()) is aot.hf_config_for(name)
+
+
+def test_unknown_model_is_a_config_error():
+  with pytest.raises(aot.ConfigError, match="not-a-model"):
+    aot.hf_config_for("org/not-a-model")
+
+
+def test_parse_oom():
+  msg = (
+    "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+    "temporaries (198.14G) exceeds available HBM (15.75G)."
+  )
+  need, avail = aot.parse_oom(msg)
+  assert need == int(198.14 * 2**30) and avail == int(15.75 * 2**30)
+
+
+def test_bad_topology():
+  with pytest.raises(aot.TopologyError, match="v9:1x1"):
+    aot.get_topology("v9:1x1")
+
+
+def _cli(*args):
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  return subprocess.run(
+    [sys.executable, str(ROOT / "tools" / "aot_compile.py"), *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+
+
+def test_cli_bad_topology_exit_2():
+  p = _cli("--config", "experiments/paper.py:qwen,cooper", "--topology", "v9:1x1")
+  assert p.returncode == 2, p.stderr
+  assert "v9:1x1" in p.stderr and "v5e:2x4" in p.stderr
+
+
+def test_cli_bad_config_exit_2():
+  p = _cli(
+    "--config", "experiments/paper.py:qwen,cooper", "--config.no_such_key=1", "--topology", TOPOLOGY
+  )
+  assert p.returncode == 2, p.stderr
+  p = _cli(
+    "--config", "experiments/paper.py:qwen,cooper", "--config.mesh.tensor=3", "--topology", TOPOLOGY
+  )
+  assert p.returncode == 2 and "mesh" in p.stderr, p.stderr
+
+
+def test_cpu_run_without_tpu_noise():
+  """With libtpu installed, a CLI that calls host_platform.use_cpu_unless_accelerator() first
+  runs on the CPU without jax's TPU-backend message or libtpu's warnings."""
+  from cooper_jax import host_platform
+
+  if host_platform.accelerator_present():
+    pytest.skip("this host has an accelerator")
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "JAX_PLATFORM_NAME")}
+  code = (
+    "from cooper_jax.host_platform import use_cpu_unless_accelerator as u\n"
+    "print(u())\nimport jax\nprint(jax.devices()[0].platform)"
+  )
+  p = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+  )
+  assert p.returncode == 0, p.stderr
+  assert p.stdout.split() == ["cpu", "cpu"]
+  assert "tpu" not in p.stderr.lower() and "TPU_ACCELERATOR_TYPE" not in p.stderr, p.stderr

@@ -1,0 +1,100 @@
+"""Compile one training iteration for a TPU topology on this host (no TPU needed) and report
+per-chip memory, whether it fits, FLOPs, bytes and a roofline time for every jitted function.
+
+  python tools/aot_compile.py --config experiments/paper.py:qwen,cooper --topology v5e:2x4
+  python tools/aot_compile.py --config experiments/paper.py:qwen,cooper --topology v5e:4x4 \
+      --config.mesh.fsdp=-1 --config.policy.micro_batch_size=64 --json
+
+Config and `--config.k=v` overrides are parsed by ml_collections' config_flags, as
+cooper_jax.train does. Needs libtpu (requirements.txt). Exit status: 0 all fit, 1 something does
+not fit, 2 bad topology or config. Library: cooper_jax.aot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+# Compile-only: never open a local TPU/GPU, and do not take libtpu's machine-wide lock. Must be
+# set before jax is imported.
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "experiment config file[:variant]", lock_config=True
+)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v5e:2x4, v4:2x2x1, v5p:2x2x1")
+_JSON = flags.DEFINE_bool("json", False, "one JSON object per function per line")
+_ONLY = flags.DEFINE_list("only", None, "compile only these functions (e.g. policy_step)")
+
+COLUMNS = (
+  ("function", "function", "{}"),
+  ("calls", "calls", "{}"),
+  ("arg GiB", "argument_gib", "{:.2f}"),
+  ("out GiB", "output_gib", "{:.2f}"),
+  ("temp GiB", "temp_gib", "{:.2f}"),
+  ("peak GiB", "peak_gib", "{:.2f}"),
+  ("resident GiB", "resident_gib", "{:.2f}"),
+  ("HBM GiB", "hbm_gib", "{:.2f}"),
+  ("fits", "fits", "{}"),
+  ("TFLOP/chip", "flops", "{:.2f}"),
+  ("GB/chip", "bytes", "{:.1f}"),
+  ("roofline s", "roofline_s", "{:.3f}"),
+)
+
+
+def format_table(results, persistent_note: str = "") -> str:
+  def cell(r, key, fmt):
+    v = getattr(r, key)
+    if v is None:
+      return "-"
+    if key == "fits":
+      return "yes" if v else "NO"
+    if key == "flops":
+      return fmt.format(v / 1e12)
+    if key == "bytes":
+      return fmt.format(v / 1e9)
+    return fmt.format(v)
+
+  rows = [[h for h, _, _ in COLUMNS]] + [[cell(r, k, f) for _, k, f in COLUMNS] for r in results]
+  widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+  lines = [" | ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
+  lines.insert(1, "-+-".join("-" * w for w in widths))
+  for r in results:
+    if r.error:
+      lines.append(f"{r.function}: {r.error}")
+  return "\n".join(lines) + persistent_note
+
+
+def main() -> int:
+  try:
+    flags.FLAGS(sys.argv)
+  except Exception as e:  # noqa: BLE001 - flag/config-file errors: bad config, exit 2
+    print(f"aot_compile: bad config or flags: {type(e).__name__}: {e}", file=sys.stderr)
+    return 2
+  if not _TOPOLOGY.value or _CONFIG.value is None:
+    print("aot_compile: --config and --topology are required", file=sys.stderr)
+    return 2
+  from cooper_jax import aot  # pylint: disable=import-outside-toplevel
+
+  c = _CONFIG.value
+  try:
+    report = aot.compile_iteration(c, _TOPOLOGY.value, only=tuple(_ONLY.value or ()) or None)
+  except (aot.TopologyError, aot.ConfigError, ValueError) as e:
+    print(f"aot_compile: {e}", file=sys.stderr)
+    return 2
+  if _JSON.value:
+    for r in report.results:
+      print(json.dumps(r.row()))
+  else:
+    print(report.header())
+    print(format_table(report.results))
+  return 0 if all(r.fits for r in report.results) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
