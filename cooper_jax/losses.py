@@ -260,18 +260,3 @@ def bce_loss(logits_b, labels_b, mask_b=None):
     "recall": tp / jnp.maximum(n_true, 1.0),  # 0 when there are no positives
   }
   return loss, metrics
-
-
-def token_logprobs(logits_btv, targets_bt):
-  """log softmax(logits)[target] per position, in float32.
-
-  Alignment is the caller's job: logits at position t must be the prediction for
-  targets_bt[:, t] (i.e. logits[:, :-1] against input_ids[:, 1:]).
-  TRAP: bf16 logits lose ~3 significant digits, so the PPO ratio exp(logp - old) of two
-  nearly equal numbers would be noise; upcast first.  We take logsumexp + a gather
-  rather than a full log_softmax to avoid a second [B, T, V] float32 array.
-  """
-  logits_btv = logits_btv.astype(jnp.float32)
-  lse_bt = jax.nn.logsumexp(logits_btv, axis=-1)
-  tgt_bt = jnp.take_along_axis(logits_btv, targets_bt[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  return tgt_bt - lse_bt

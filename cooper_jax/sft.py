@@ -3,7 +3,8 @@
 Used to give a randomly initialised small policy its starting behaviour (tools/
 sft_small_policy.py). The step has the same shape as the RL steps in `steps`: a pure
 `(state, batch) -> (state, metrics)`, jit-compiled over a mesh with the state donated, and its
-update goes through `steps.apply_update` (so a non-finite loss skips the update).
+update goes through `steps.apply_update` (so a non-finite loss skips the update); the jit and
+the optional micro-batching are `steps.make_train_step`'s.
 
 SFT batch (b rows, t tokens, prompt then response, right-padded):
   tokens [b, t] int32, mask [b, t] bool (real tokens),
@@ -19,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from cooper_jax import losses, sharding, steps
+from cooper_jax import losses, steps
+from cooper_jax.logprobs import token_logprobs
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import forward
 
@@ -79,7 +81,7 @@ def sft_loss_fn(model_cfg: ModelConfig, params, batch):
     raise ValueError(f"SFT needs an lm head, got head={model_cfg.head!r}")
   logits_btv = forward(model_cfg, params, batch["tokens"], batch["mask"])[:, :-1]
   targets_bt = batch["tokens"][:, 1:]
-  logp_bt = losses.token_logprobs(logits_btv, targets_bt)
+  logp_bt = token_logprobs(logits_btv, targets_bt)
   loss_mask_bt = batch["loss_mask"]
   loss = losses.masked_mean(-logp_bt, loss_mask_bt)
   hit_bt = (jnp.argmax(logits_btv, axis=-1) == targets_bt).astype(jnp.float32)
@@ -91,28 +93,33 @@ def sft_loss_fn(model_cfg: ModelConfig, params, batch):
 
 
 def make_sft_step(
-  model_cfg: ModelConfig, optimizer, mesh: Mesh, state: steps.State, batch_like: dict
+  model_cfg: ModelConfig,
+  optimizer,
+  mesh: Mesh,
+  state: steps.State,
+  batch_like: dict,
+  *,
+  micro_batch_size: int = 0,
 ):
   """Returns jitted `sft_step(state, batch) -> (state, metrics)` for batches like `batch_like`.
 
   State shardings follow the parameter rules, batch rows are split over (data, fsdp), the
-  state buffer is donated (do not reuse the state passed in).
+  state buffer is donated (do not reuse the state passed in). micro_batch_size > 0 accumulates
+  gradients over micro-batches of that many rows (same result, less activation memory).
   """
   missing = {"tokens", "mask", "loss_mask"} - set(batch_like)
   if missing:
     raise ValueError(f"SFT batch is missing {sorted(missing)}")
 
-  def sft_step(state, batch):
-    (loss, metrics), grads = jax.value_and_grad(
-      lambda p: sft_loss_fn(model_cfg, p, batch), has_aux=True
-    )(state["params"])
-    return steps.apply_update(state, optimizer, loss, grads, metrics)
+  def loss_fn(params, batch):
+    loss, metrics = sft_loss_fn(model_cfg, params, batch)
+    # Both are means over the response tokens, the CE loss's denominator.
+    n = metrics["response_tokens"]
+    return steps.Mean(loss, n), {
+      "token_accuracy": steps.Mean(metrics["token_accuracy"], n),
+      "response_tokens": steps.Sum(n),
+    }
 
-  state_sh = sharding.tree_shardings(state, mesh)
-  batch_sh = {k: sharding.batch_sharding(mesh, np.ndim(v)) for k, v in batch_like.items()}
-  return jax.jit(
-    sft_step,
-    in_shardings=(state_sh, batch_sh),
-    out_shardings=(state_sh, sharding.replicated(mesh)),
-    donate_argnums=(0,),
+  return steps.make_train_step(
+    loss_fn, optimizer, mesh, state, batch_like, micro_batch_size=micro_batch_size
   )

@@ -4,6 +4,9 @@ log-prob and reward functions, each jit-compiled over a (data, fsdp, tensor) mes
 A train state is a plain pytree {"params", "opt_state", "step", "n_skipped"}. Every step takes
 (state, batch) and returns (state, metrics) with scalar metrics; the state buffer is donated.
 A non-finite loss or gradient leaves the state unchanged and increments n_skipped.
+All steps come from `make_train_step`, which can accumulate gradients over micro-batches in
+one jitted call (`micro_batch_size`); the policy's log-probs can run the LM head over chunks of
+response positions (`logprob_chunk`, see cooper_jax.logprobs). Neither changes the result.
 
 Policy batch (b = n_prompts * G rows, p prompt width, n response width):
   prompt_tokens/prompt_mask [b, p] (left-padded), response_tokens/response_mask [b, n]
@@ -16,7 +19,7 @@ RM BCE batch: tokens/mask [n, l], labels [n] (1 correct, 0 wrong), weight [n].
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +27,9 @@ import optax
 from jax.sharding import Mesh
 
 from cooper_jax import losses, sharding
+from cooper_jax.logprobs import response_logprobs
 from cooper_jax.models.config import ModelConfig
-from cooper_jax.models.transformer import Transformer, forward, positions_from_mask
+from cooper_jax.models.transformer import forward
 
 State = dict[str, Any]
 
@@ -66,29 +70,31 @@ def apply_update(state: State, optimizer, loss, grads, metrics) -> tuple[State, 
   return new_state, metrics
 
 
-def response_logprobs(
-  model_cfg: ModelConfig, params, prompt_tokens, prompt_mask, response_tokens, response_mask
-):
-  """log p(response token | everything before it): [b, n], float32.
+class Mean(NamedTuple):
+  """A loss or metric that is a mean over a variable number of items of its batch:
+  value = total / max(count, 1). Micro-batches combine into the whole-batch mean
+  sum(value_i * max(count_i, 1)) / max(sum(count_i), 1). `count` must not depend on params."""
 
-  The LM head runs only on the n positions that predict response tokens, not on the prompt:
-  with a 49k-152k vocabulary that head (and its [b, t, v] logits) is a large share of the
-  step's FLOPs and memory.
-  """
-  model = Transformer(model_cfg)
-  tokens = jnp.concatenate([prompt_tokens, response_tokens], axis=1)
-  mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(bool)
-  h_btd, _ = model.apply(
-    {"params": params}, tokens, positions_from_mask(mask), mask, method=Transformer.hidden
-  )
-  p, n = prompt_tokens.shape[1], response_tokens.shape[1]
-  logits_bnv = model.apply(
-    {"params": params}, h_btd[:, p - 1 : p + n - 1], method=Transformer.logits
-  )
-  return losses.token_logprobs(logits_bnv, response_tokens)
+  value: jax.Array
+  count: jax.Array
 
 
-def _logprobs(model_cfg, params, batch):
+class Sum(NamedTuple):
+  """A total over the batch (a count, say): micro-batches add up."""
+
+  value: jax.Array
+
+
+def _is_stat(x) -> bool:
+  return isinstance(x, Mean | Sum)
+
+
+def resolve(tree):
+  """The plain values of a tree of Mean / Sum / plain scalars (a loss_fn's output)."""
+  return jax.tree.map(lambda x: x.value if _is_stat(x) else x, tree, is_leaf=_is_stat)
+
+
+def _logprobs(model_cfg, params, batch, chunk: int = 0):
   return response_logprobs(
     model_cfg,
     params,
@@ -96,11 +102,17 @@ def _logprobs(model_cfg, params, batch):
     batch["prompt_mask"],
     batch["response_tokens"],
     batch["response_mask"],
+    chunk=chunk,
   )
 
 
-def policy_loss_fn(model_cfg: ModelConfig, lc, params, batch):
-  logp = _logprobs(model_cfg, params, batch)
+# Policy metrics aggregated like the loss (by `agg`); every other ppo metric is a token mean.
+_AGG_METRICS = ("pg_loss", "kl_loss", "loss")
+
+
+def policy_loss_fn(model_cfg: ModelConfig, lc, params, batch, *, logprob_chunk: int = 0):
+  """(Mean loss, metrics of Mean / Sum) on `batch`, see `make_train_step`."""
+  logp = _logprobs(model_cfg, params, batch, logprob_chunk)
   old = batch.get("old_logp")
   old = jax.lax.stop_gradient(logp) if old is None else old
   resp_mask = batch["response_mask"].astype(jnp.float32)
@@ -117,10 +129,13 @@ def policy_loss_fn(model_cfg: ModelConfig, lc, params, batch):
     dual_clip_c=lc.dual_clip_c,
     agg=lc.agg,
   )
-  metrics = dict(
-    metrics, neg_logp_mean=-losses.masked_mean(logp, resp_mask), response_tokens=jnp.sum(resp_mask)
-  )
-  return loss, metrics
+  n_tokens = jnp.sum(resp_mask)
+  # token_mean divides by the tokens; the seq_mean modes by the rows (empty ones included).
+  n_agg = n_tokens if lc.agg.replace("-", "_") == "token_mean" else float(resp_mask.shape[0])
+  metrics = {k: Mean(v, n_agg if k in _AGG_METRICS else n_tokens) for k, v in metrics.items()}
+  metrics["neg_logp_mean"] = Mean(-losses.masked_mean(logp, resp_mask), n_tokens)
+  metrics["response_tokens"] = Sum(n_tokens)
+  return Mean(loss, n_agg), metrics
 
 
 def rm_scores(model_cfg: ModelConfig, params, tokens, mask):
@@ -129,28 +144,184 @@ def rm_scores(model_cfg: ModelConfig, params, tokens, mask):
 
 
 def rm_loss_fn(model_cfg: ModelConfig, loss_type: str, params, batch):
+  """(Mean loss, metrics of Mean / Sum) on `batch`, see `make_train_step`."""
   if loss_type == "bt":
     p = batch["pos_tokens"].shape[0]
     tokens = jnp.concatenate([batch["pos_tokens"], batch["neg_tokens"]], axis=0)
     mask = jnp.concatenate([batch["pos_mask"], batch["neg_mask"]], axis=0)
     s = rm_scores(model_cfg, params, tokens, mask)
-    return losses.bradley_terry_loss(s[:p], s[p:], batch["valid"])
+    loss, metrics = losses.bradley_terry_loss(s[:p], s[p:], batch["valid"])
+    n_valid = metrics["n_valid"]
+    metrics = {k: Sum(v) if k == "n_valid" else Mean(v, n_valid) for k, v in metrics.items()}
+    return Mean(loss, n_valid), metrics
   if loss_type == "bce":
     s = rm_scores(model_cfg, params, batch["tokens"], batch["mask"])
-    return losses.bce_loss(s, batch["labels"], batch.get("weight"))
+    weight = batch.get("weight")
+    loss, metrics = losses.bce_loss(s, batch["labels"], weight)
+    # The denominators bce_loss divides by; precision's depends on the predictions.
+    w = jnp.ones_like(s) if weight is None else weight.astype(jnp.float32)
+    counted = lambda x: jnp.sum((x & (w > 0)).astype(jnp.float32))
+    n_w = jnp.sum(w)
+    counts = {
+      "bce_loss": n_w,
+      "accuracy": n_w,
+      "precision": jax.lax.stop_gradient(counted(s > 0)),
+      "recall": counted(batch["labels"] >= 0.5),
+    }
+    return Mean(loss, n_w), {k: Mean(v, counts[k]) for k, v in metrics.items()}
   raise ValueError(f"rm loss_type={loss_type!r}: expected 'bt' or 'bce'")
 
 
-def _batch_shardings(mesh: Mesh, batch_shapes: dict):
-  return {k: sharding.batch_sharding(mesh, len(v.shape)) for k, v in batch_shapes.items()}
+def _micro_count(b: int, micro_batch_size: int, mesh: Mesh) -> int:
+  """Number of micro-batches k for a batch of b rows; a ValueError names a bad size."""
+  if micro_batch_size < 0:
+    raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 0 (0 = whole batch)")
+  if micro_batch_size in (0, b):
+    return 1
+  n_dev = mesh.shape["data"] * mesh.shape["fsdp"]
+  if b % micro_batch_size or micro_batch_size % n_dev:
+    raise ValueError(
+      f"micro_batch_size={micro_batch_size} must divide the batch ({b} rows) and be a multiple"
+      f" of the data x fsdp device count ({n_dev}), so every micro-batch spans every device"
+    )
+  return b // micro_batch_size
 
 
-def _jit_step(fn: Callable, mesh: Mesh, state: State, batch_like: dict):
-  """jit with explicit shardings: state by the parameter rules, batch over (data, fsdp)."""
+def _leading_dim(tree) -> int:
+  sizes = {x.shape[0] for x in jax.tree.leaves(tree)}
+  if len(sizes) != 1:
+    raise ValueError(f"batch arrays disagree on the number of rows: {sorted(sizes)}")
+  return sizes.pop()
+
+
+def _split(x, k: int, mesh: Mesh):
+  """[b, ...] -> [k, b/k, ...] with micro-batch j = rows j, j + k, j + 2k, ...
+
+  Rows are sharded in contiguous blocks, so contiguous micro-batches would each live on a
+  subset of the devices; strided ones take b/(k * devices) rows from every device's block.
+  """
+  x = jnp.moveaxis(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 1, 0)
+  spec = jax.sharding.PartitionSpec(None, sharding.BATCH_AXES, *([None] * (x.ndim - 2)))
+  return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+
+
+def _merge(x_k):
+  """Inverse of `_split`."""
+  return jnp.moveaxis(x_k, 0, 1).reshape(-1, *x_k.shape[2:])
+
+
+def _constrain_rows(tree, mesh: Mesh):
+  return jax.tree.map(
+    lambda x: jax.lax.with_sharding_constraint(x, sharding.batch_sharding(mesh, x.ndim)), tree
+  )
+
+
+def _map_micro(fn: Callable, mesh: Mesh, micro_batch_size: int, *arrays):
+  """fn(*arrays) -> [b, ...], run over micro-batches one after another (forward only)."""
+  k = _micro_count(_leading_dim(arrays), micro_batch_size, mesh)
+  if k == 1:
+    return fn(*arrays)
+  xs = tuple(_split(a, k, mesh) for a in arrays)
+  return _merge(jax.lax.map(lambda mb: fn(*_constrain_rows(mb, mesh)), xs))
+
+
+def _stat_parts(x):
+  """(numerator, count) of one micro-batch's stat; see `_stat_finish`."""
+  if isinstance(x, Mean):
+    count = jax.lax.stop_gradient(jnp.asarray(x.count, jnp.float32))
+    return x.value * jnp.maximum(count, 1.0), count
+  if isinstance(x, Sum):
+    return x.value, jnp.zeros((), jnp.float32)
+  return x, jnp.ones((), jnp.float32)  # a plain value: an equal-weight mean of micro-batches
+
+
+def _stat_finish(kind, num, count):
+  return num if isinstance(kind, Sum) else num / jnp.maximum(count, 1.0)
+
+
+def _accumulated_grads(loss_fn: Callable, params, batch, k: int, mesh: Mesh, params_sh):
+  """(loss, metrics, grads) of the whole batch from k micro-batches under one lax.scan."""
+  xs = jax.tree.map(lambda x: _split(x, k, mesh), batch)
+  mb_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), xs)
+  loss_kind, metric_kinds = jax.eval_shape(loss_fn, params, mb_like)
+
+  def parts(p, mb):
+    loss, metrics = loss_fn(p, mb)
+    loss_num, loss_count = _stat_parts(loss)
+    return loss_num, (loss_count, jax.tree.map(_stat_parts, metrics, is_leaf=_is_stat))
+
+  def body(carry, mb):
+    g_acc, loss_acc, metrics_acc = carry
+    (loss_num, (loss_count, m_parts)), g = jax.value_and_grad(parts, has_aux=True)(
+      params, _constrain_rows(mb, mesh)
+    )
+    g_acc = jax.tree.map(lambda a, x: a + x.astype(a.dtype), g_acc, g)
+    g_acc = jax.lax.with_sharding_constraint(g_acc, params_sh)
+    add = lambda a, x: a + x
+    return (
+      g_acc,
+      jax.tree.map(add, loss_acc, (loss_num, loss_count)),
+      jax.tree.map(add, metrics_acc, m_parts),
+    ), None
+
+  # Gradients add up in float32 even for low-precision parameters.
+  g0 = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), params)
+  zeros = lambda s: jnp.zeros(s.shape, s.dtype)
+  m0 = jax.tree.map(
+    lambda s: jax.tree.map(zeros, jax.eval_shape(_stat_parts, s)), metric_kinds, is_leaf=_is_stat
+  )
+  l0 = jax.tree.map(zeros, jax.eval_shape(_stat_parts, loss_kind))
+  (g_sum, (loss_num, loss_count), m_sum), _ = jax.lax.scan(
+    body, (jax.lax.with_sharding_constraint(g0, params_sh), l0, m0), xs
+  )
+  loss = _stat_finish(loss_kind, loss_num, loss_count)
+  scale = _stat_finish(loss_kind, jnp.ones(()), loss_count)
+  grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), g_sum, params)
+  metrics = jax.tree.map(
+    lambda kind, nc: _stat_finish(kind, *nc), metric_kinds, m_sum, is_leaf=_is_stat
+  )
+  return loss, metrics, grads
+
+
+def make_train_step(
+  loss_fn: Callable,
+  optimizer,
+  mesh: Mesh,
+  state: State,
+  batch_like: dict,
+  *,
+  micro_batch_size: int = 0,
+):
+  """Jitted `step(state, batch) -> (state, metrics)`: one guarded optimiser update.
+
+  `loss_fn(params, batch) -> (loss, metrics)` with scalar loss and a flat dict of scalar
+  metrics, each either a `Mean(value, count)` (a mean over a variable number of items, e.g.
+  response tokens or valid pairs), a `Sum(value)` (a total), or a plain value (a mean over
+  rows). With micro_batch_size > 0 the batch is split into b / micro_batch_size strided
+  micro-batches whose gradients and stats accumulate under a lax.scan (peak activation memory
+  of one micro-batch); Means combine with whole-batch denominators, so loss, metrics and the
+  update equal the one-shot step up to float rounding. 0 (or b) = the whole batch at once.
+
+  State shardings follow the parameter rules, batch rows are split over (data, fsdp), the
+  state buffer is donated (do not reuse the state passed in).
+  """
+  k = _micro_count(_leading_dim(batch_like), micro_batch_size, mesh)
   state_sh = sharding.tree_shardings(state, mesh)
-  batch_sh = _batch_shardings(mesh, batch_like)
+  params_sh = sharding.tree_shardings(state["params"], mesh)
+
+  def step(state, batch):
+    params = state["params"]
+    if k == 1:
+      (loss, metrics), grads = jax.value_and_grad(
+        lambda p: resolve(loss_fn(p, batch)), has_aux=True
+      )(params)
+    else:
+      loss, metrics, grads = _accumulated_grads(loss_fn, params, batch, k, mesh, params_sh)
+    return apply_update(state, optimizer, loss, grads, metrics)
+
+  batch_sh = {k_: sharding.batch_sharding(mesh, len(v.shape)) for k_, v in batch_like.items()}
   return jax.jit(
-    fn,
+    step,
     in_shardings=(state_sh, batch_sh),
     out_shardings=(state_sh, sharding.replicated(mesh)),
     donate_argnums=(0,),
@@ -158,42 +329,70 @@ def _jit_step(fn: Callable, mesh: Mesh, state: State, batch_like: dict):
 
 
 def make_policy_step(
-  model_cfg: ModelConfig, loss_cfg, optimizer, mesh: Mesh, state: State, batch_like: dict
+  model_cfg: ModelConfig,
+  loss_cfg,
+  optimizer,
+  mesh: Mesh,
+  state: State,
+  batch_like: dict,
+  *,
+  micro_batch_size: int = 0,
+  logprob_chunk: int = 0,
 ):
   """Returns jitted `policy_step(state, batch) -> (state, metrics)` for batches shaped like
-  `batch_like` (the set of keys fixes whether old_logp/ref_logp are used)."""
+  `batch_like` (the set of keys fixes whether old_logp/ref_logp are used). micro_batch_size:
+  rows per gradient-accumulation micro-batch; logprob_chunk: response positions per LM-head
+  chunk (see cooper_jax.logprobs); 0 = off for both. Neither changes the result."""
   if (loss_cfg.kl_coef > 0) != ("ref_logp" in batch_like):
     raise ValueError("policy batch must carry ref_logp exactly when kl_coef > 0")
-
-  def policy_step(state, batch):
-    (loss, metrics), grads = jax.value_and_grad(
-      lambda p: policy_loss_fn(model_cfg, loss_cfg, p, batch), has_aux=True
-    )(state["params"])
-    return apply_update(state, optimizer, loss, grads, metrics)
-
-  return _jit_step(policy_step, mesh, state, batch_like)
+  return make_train_step(
+    lambda p, b: policy_loss_fn(model_cfg, loss_cfg, p, b, logprob_chunk=logprob_chunk),
+    optimizer,
+    mesh,
+    state,
+    batch_like,
+    micro_batch_size=micro_batch_size,
+  )
 
 
 def make_rm_step(
-  model_cfg: ModelConfig, loss_type: str, optimizer, mesh: Mesh, state: State, batch_like: dict
+  model_cfg: ModelConfig,
+  loss_type: str,
+  optimizer,
+  mesh: Mesh,
+  state: State,
+  batch_like: dict,
+  *,
+  micro_batch_size: int = 0,
 ):
-  """Returns jitted `rm_step(state, batch) -> (state, metrics)` (loss_type 'bt' or 'bce')."""
+  """Returns jitted `rm_step(state, batch) -> (state, metrics)` (loss_type 'bt' or 'bce');
+  micro_batch_size counts pairs for 'bt', rows for 'bce' (0 = whole batch)."""
+  if loss_type not in ("bt", "bce"):
+    raise ValueError(f"rm loss_type={loss_type!r}: expected 'bt' or 'bce'")
+  return make_train_step(
+    lambda p, b: rm_loss_fn(model_cfg, loss_type, p, b),
+    optimizer,
+    mesh,
+    state,
+    batch_like,
+    micro_batch_size=micro_batch_size,
+  )
 
-  def rm_step(state, batch):
-    (loss, metrics), grads = jax.value_and_grad(
-      lambda p: rm_loss_fn(model_cfg, loss_type, p, batch), has_aux=True
-    )(state["params"])
-    return apply_update(state, optimizer, loss, grads, metrics)
 
-  return _jit_step(rm_step, mesh, state, batch_like)
-
-
-def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, params):
+def make_logprob_fn(
+  model_cfg: ModelConfig, mesh: Mesh, params, *, micro_batch_size: int = 0, logprob_chunk: int = 0
+):
   """Jitted forward-only `(params, batch) -> logp [b, n]` of the response tokens (old or
-  reference log-probs); `batch` carries the four prompt/response arrays."""
+  reference log-probs); `batch` carries the four prompt/response arrays. Micro-batches run one
+  after another, so peak memory is one micro-batch's forward."""
   keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
+
+  def logprob_fn(params, batch):
+    one = lambda *arrays: _logprobs(model_cfg, params, dict(zip(keys, arrays)), logprob_chunk)
+    return _map_micro(one, mesh, micro_batch_size, *(batch[k] for k in keys))
+
   return jax.jit(
-    lambda p, b: _logprobs(model_cfg, p, b),
+    logprob_fn,
     in_shardings=(
       sharding.tree_shardings(params, mesh),
       {k: sharding.batch_sharding(mesh) for k in keys},
@@ -202,10 +401,16 @@ def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, params):
   )
 
 
-def make_reward_fn(model_cfg: ModelConfig, mesh: Mesh, params):
-  """Jitted `(params, tokens, mask) -> sigmoid(score) [n]`, the RM reward in (0, 1)."""
+def make_reward_fn(model_cfg: ModelConfig, mesh: Mesh, params, *, micro_batch_size: int = 0):
+  """Jitted `(params, tokens, mask) -> sigmoid(score) [n]`, the RM reward in (0, 1), over
+  micro-batches of micro_batch_size rows run one after another (0 = all at once)."""
+
+  def reward_fn(params, tokens, mask):
+    score = lambda t, m: jax.nn.sigmoid(rm_scores(model_cfg, params, t, m))
+    return _map_micro(score, mesh, micro_batch_size, tokens, mask)
+
   return jax.jit(
-    lambda p, t, m: jax.nn.sigmoid(rm_scores(model_cfg, p, t, m)),
+    reward_fn,
     in_shardings=(
       sharding.tree_shardings(params, mesh),
       sharding.batch_sharding(mesh),

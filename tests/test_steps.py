@@ -1,11 +1,13 @@
-"""policy_step / rm_step: sharded over 8 CPU devices equals the 1-device result; guards work."""
+"""policy_step / rm_step: sharded over 8 CPU devices equals the 1-device result; micro-batched
+equals one-shot; chunked log-probs equal direct ones without full logits; guards work."""
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
-from cooper_jax import optim, sharding, steps
+from cooper_jax import logprobs, optim, sharding, steps
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import init_params
 
@@ -211,3 +213,223 @@ def test_response_logprobs_equal_full_forward_logsoftmax():
     for j in range(b["response_tokens"].shape[1]):
       want = logp[i, p + j - 1, b["response_tokens"][i, j]]
       assert abs(float(got[i, j]) - want) < 1e-5, (i, j)
+
+
+# ------------------------------------------------------------------ micro-batches and chunks
+MESH8 = dict(data=2, fsdp=2, tensor=2)  # 4 devices hold batch rows
+
+
+def _unbalanced_policy_batch(b=16, n=6):
+  """Even rows have 1-token responses, odd rows full ones: strided micro-batches then hold
+  very different token counts, so averaging per-micro-batch token means would be wrong."""
+  batch = _policy_batch(seed=3, b=b, n=n)
+  batch["response_mask"][:] = True
+  batch["response_mask"][0::2, 1:] = False
+  return batch
+
+
+def _one_policy_step(batch, loss_cfg, mesh, **kw):
+  params = init_params(TINY, jax.random.key(0))
+  opt = _optim()
+  state = sharding.shard_tree(steps.init_state(params, opt), mesh)
+  step = steps.make_policy_step(TINY, loss_cfg, opt, mesh, state, batch, **kw)
+  state, metrics = step(state, batch)
+  return jax.device_get(state), jax.device_get(metrics)
+
+
+def _assert_same_step(one, micro, rtol=1e-5):
+  assert set(one[1]) == set(micro[1])
+  for k in one[1]:
+    np.testing.assert_allclose(micro[1][k], one[1][k], rtol=rtol, atol=1e-7, err_msg=k)
+  _assert_close_tree(one[0]["params"], micro[0]["params"], rtol)
+  _assert_close_tree(one[0]["opt_state"], micro[0]["opt_state"], rtol)
+  assert int(micro[0]["step"]) == int(one[0]["step"]) == 1
+
+
+@pytest.mark.parametrize(
+  "k,agg", [(2, "token_mean"), (4, "token_mean"), (2, "seq_mean_token_mean")]
+)
+def test_policy_step_micro_batches_equal_one_shot(k, agg):
+  batch = _unbalanced_policy_batch()
+  assert "old_logp" in batch and "ref_logp" in batch
+  loss_cfg = ml_collections.ConfigDict(dict(LOSS.to_dict(), agg=agg))
+  mesh = sharding.make_mesh(**MESH8)
+  one = _one_policy_step(batch, loss_cfg, mesh)
+  micro = _one_policy_step(batch, loss_cfg, mesh, micro_batch_size=16 // k, logprob_chunk=4)
+  _assert_same_step(one, micro)
+  assert float(micro[1]["response_tokens"]) == batch["response_mask"].sum()
+  if agg == "token_mean":
+    # The test has teeth: a plain average of the micro-batch losses is far from the loss.
+    params = init_params(TINY, jax.random.key(0))
+    mb_losses = [
+      float(
+        steps.resolve(
+          steps.policy_loss_fn(TINY, loss_cfg, params, {key: v[j::k] for key, v in batch.items()})[
+            0
+          ]
+        )
+      )
+      for j in range(k)
+    ]
+    assert abs(np.mean(mb_losses) - float(one[1]["loss"])) > 1e-2 * abs(float(one[1]["loss"]))
+
+
+def _rm_step_batch(loss_type, rng):
+  if loss_type == "bt":
+    batch = _rm_batch(seed=2, p=8)
+    batch["pos_mask"] = np.ones((8, 10), bool)
+    batch["neg_mask"] = np.ones((8, 10), bool)
+    # 4 valid pairs among the even rows, 1 among the odd ones (the two micro-batches at k=2).
+    batch["valid"] = np.array([1, 0, 1, 1, 1, 0, 1, 0], np.float32)
+    return batch
+  return {
+    "tokens": rng.integers(1, 128, (8, 10)).astype(np.int32),
+    "mask": np.ones((8, 10), bool),
+    "labels": np.array([1, 0, 1, 1, 0, 0, 1, 0], np.float32),
+    "weight": np.array([1.0, 0.5, 2.0, 0.25, 1.0, 0.0, 1.0, 0.3], np.float32),
+  }
+
+
+@pytest.mark.parametrize("loss_type", ["bt", "bce"])
+def test_rm_step_micro_batches_equal_one_shot(loss_type):
+  cfg = TINY.replace(head="score")
+  batch = _rm_step_batch(loss_type, np.random.default_rng(4))
+  mesh = sharding.make_mesh(**MESH8)
+  results = []
+  for mbs in (0, 4):
+    params = init_params(cfg, jax.random.key(1))
+    # A non-zero score head, so scores (and precision / recall) are not all at 0.
+    params["score"]["kernel"] = jax.random.normal(
+      jax.random.key(2), params["score"]["kernel"].shape
+    )
+    opt = _optim(1e-3)
+    state = sharding.shard_tree(steps.init_state(params, opt), mesh)
+    step = steps.make_rm_step(cfg, loss_type, opt, mesh, state, batch, micro_batch_size=mbs)
+    state, m = step(state, batch)
+    results.append((jax.device_get(state), jax.device_get(m)))
+  _assert_same_step(*results)
+  if loss_type == "bt":
+    assert float(results[1][1]["n_valid"]) == 5.0
+
+
+def test_bad_micro_batch_size_is_named():
+  mesh = sharding.make_mesh(**MESH8)
+  batch = _unbalanced_policy_batch()
+  params = init_params(TINY, jax.random.key(0))
+  opt = _optim()
+  state = steps.init_state(params, opt)
+  # 6 does not divide 16 rows; 2 does, but 2 rows cannot span the 4 batch devices.
+  for mbs in (6, 2, -1):
+    with pytest.raises(ValueError, match=f"micro_batch_size={mbs}"):
+      steps.make_policy_step(TINY, LOSS, opt, mesh, state, batch, micro_batch_size=mbs)
+  fn = steps.make_logprob_fn(TINY, mesh, params, micro_batch_size=6)
+  with pytest.raises(ValueError, match="micro_batch_size=6"):
+    fn(
+      params,
+      {k: batch[k] for k in ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")},
+    )
+
+
+def test_nonfinite_loss_in_one_micro_batch_skips_update():
+  mesh = sharding.make_mesh(devices=jax.devices()[:1])
+  batch = _policy_batch()
+  batch["advantages"][3] = np.nan
+  params = init_params(TINY, jax.random.key(0))
+  opt = _optim()
+  state = steps.init_state(params, opt)
+  before = jax.device_get(state["params"])
+  step = steps.make_policy_step(TINY, LOSS, opt, mesh, state, batch, micro_batch_size=2)
+  state, m = step(state, batch)
+  assert float(m["skipped"]) == 1.0 and int(state["n_skipped"]) == 1 and int(state["step"]) == 0
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state["params"]), before)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_chunked_logprobs_and_grads_equal_direct(tie):
+  cfg = TINY.replace(tie_embeddings=tie)
+  params = init_params(cfg, jax.random.key(5))
+  b = _policy_batch(seed=5)
+  args = (b["prompt_tokens"], b["prompt_mask"], b["response_tokens"], b["response_mask"])
+  w = np.random.default_rng(5).normal(size=b["response_tokens"].shape).astype(np.float32)
+
+  def weighted(p, chunk):
+    return jnp.sum(w * logprobs.response_logprobs(cfg, p, *args, chunk=chunk))
+
+  want = np.asarray(logprobs.response_logprobs(cfg, params, *args))
+  want_grad = jax.grad(weighted)(params, 0)
+  for chunk in (2, 4):  # 4 does not divide the 6 response positions: padded
+    got = np.asarray(logprobs.response_logprobs(cfg, params, *args, chunk=chunk))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    _assert_close_tree(want_grad, jax.grad(weighted)(params, chunk))
+
+
+def test_chunked_micro_batched_logprob_and_reward_fns_equal_plain():
+  mesh = sharding.make_mesh(**MESH8)
+  batch = _unbalanced_policy_batch()
+  params = sharding.shard_tree(init_params(TINY, jax.random.key(0)), mesh)
+  keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
+  lp_batch = {k: batch[k] for k in keys}
+  want = np.asarray(steps.make_logprob_fn(TINY, mesh, params)(params, lp_batch))
+  fn = steps.make_logprob_fn(TINY, mesh, params, micro_batch_size=4, logprob_chunk=4)
+  np.testing.assert_allclose(np.asarray(fn(params, lp_batch)), want, rtol=1e-5, atol=1e-6)
+
+  cfg = TINY.replace(head="score")
+  rm_params = sharding.shard_tree(init_params(cfg, jax.random.key(1)), mesh)
+  rm_params["score"]["kernel"] = rm_params["score"]["kernel"] + 0.5
+  tokens = np.concatenate([batch["prompt_tokens"], batch["response_tokens"]], 1)
+  mask = np.concatenate([batch["prompt_mask"], batch["response_mask"]], 1)
+  want_r = np.asarray(steps.make_reward_fn(cfg, mesh, rm_params)(rm_params, tokens, mask))
+  got_r = steps.make_reward_fn(cfg, mesh, rm_params, micro_batch_size=4)(rm_params, tokens, mask)
+  np.testing.assert_allclose(np.asarray(got_r), want_r, rtol=1e-5)
+  assert np.std(want_r) > 1e-3  # rows really differ, so a row mix-up would show
+
+
+def test_chunked_logprob_grad_never_holds_full_logits():
+  """Compiled temporaries of d/dparams sum(w * logp): unchunked above one f32 [b, n, v] array,
+  chunked well below it."""
+  cfg = TINY.replace(vocab_size=8192, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1)
+  params = init_params(cfg, jax.random.key(0))
+  bsz, p, n, v = 4, 8, 128, cfg.vocab_size
+  rng = np.random.default_rng(0)
+  args = (
+    rng.integers(1, v, (bsz, p)).astype(np.int32),
+    np.ones((bsz, p), bool),
+    rng.integers(1, v, (bsz, n)).astype(np.int32),
+    np.ones((bsz, n), bool),
+  )
+  w = rng.normal(size=(bsz, n)).astype(np.float32)
+  full_logits = bsz * n * v * 4  # 16 MiB
+
+  def temp_bytes(chunk):
+    f = lambda prm: jnp.sum(w * logprobs.response_logprobs(cfg, prm, *args, chunk=chunk))
+    return jax.jit(jax.grad(f)).lower(params).compile().memory_analysis().temp_size_in_bytes
+
+  assert temp_bytes(0) > full_logits
+  assert temp_bytes(8) < 0.5 * full_logits
+
+
+def test_make_train_step_plain_mean_and_sum_stats():
+  """A loss_fn with plain (per-row mean) and Sum stats: micro-batched equals one-shot."""
+  mesh = sharding.make_mesh(devices=jax.devices()[:1])
+  rng = np.random.default_rng(7)
+  batch = {
+    "x": rng.normal(size=(8, 3)).astype(np.float32),
+    "y": rng.normal(size=8).astype(np.float32),
+  }
+
+  def loss_fn(params, b):
+    err = b["x"] @ params["w"] - b["y"]
+    return jnp.mean(err**2), {
+      "abs_err": jnp.mean(jnp.abs(err)),
+      "y_sum": steps.Sum(jnp.sum(b["y"])),
+    }
+
+  out = []
+  for mbs in (0, 2):
+    opt = _optim(1e-2)
+    state = steps.init_state({"w": jnp.ones(3)}, opt)
+    step = steps.make_train_step(loss_fn, opt, mesh, state, batch, micro_batch_size=mbs)
+    state, m = step(state, batch)
+    out.append((jax.device_get(state), jax.device_get(m)))
+  _assert_same_step(*out)
+  np.testing.assert_allclose(out[1][1]["y_sum"], batch["y"].sum(), rtol=1e-5)
