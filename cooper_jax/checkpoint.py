@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from cooper_jax.io import atomic_write_json
@@ -137,14 +136,6 @@ class CheckpointStore:
 
   def close(self):
     self.manager.close()
-
-
-def rng_to_meta(rng: jax.Array) -> list[int]:
-  return np.asarray(jax.random.key_data(rng)).astype(np.uint32).tolist()
-
-
-def rng_from_meta(data: list[int]) -> jax.Array:
-  return jax.random.wrap_key_data(np.asarray(data, np.uint32))
 
 
 def model_cfg_to_meta(cfg: ModelConfig) -> dict:

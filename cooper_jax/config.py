@@ -27,7 +27,9 @@ def optim_config(lr: float, warmup_steps: int = 20) -> ml_collections.ConfigDict
       lr=lr,
       schedule="linear_warmup",
       warmup_steps=warmup_steps,
-      total_steps=1000,
+      # Steps the decaying schedules span; unset = the run's train.steps (resolved in one
+      # place, optim.make_schedule), so --config.train.steps=500 moves the decay with it.
+      total_steps=config_dict.placeholder(int),
       end_lr_frac=0.0,
       b1=0.9,
       b2=0.999,
@@ -59,22 +61,35 @@ def random_model_config() -> ml_collections.ConfigDict:
   )
 
 
+def model_config(**extra) -> ml_collections.ConfigDict:
+  """A model section (policy or RM): what weights, tokenizer, dtypes and remat."""
+  return ml_collections.ConfigDict(
+    dict(
+      model="smollm2-135m-instruct",
+      tokenizer=config_dict.placeholder(str),
+      random_model=random_model_config(),
+      dtype="float32",
+      param_dtype="float32",
+      remat=False,
+      **extra,
+    )
+  )
+
+
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.reward_mode = "cooper"
 
-  c.policy = dict(
-    model="smollm2-135m-instruct",
-    tokenizer=config_dict.placeholder(str),
-    random_model=random_model_config(),
-    dtype="float32",
-    param_dtype="float32",
-    remat=False,
-  )
+  c.policy = model_config()
   c.policy.optim = optim_config(1e-6)
   c.policy.micro_batch_size = 0  # rows per grad-accumulation micro-batch; 0 = whole batch
   c.policy.logprob_chunk = 0  # response positions per log-prob chunk (no [b,n,v] logits); 0 = off
+  # PPO: passes over each rollout batch and rows per update (0 = the whole batch). One epoch
+  # of one mini-batch is the on-policy GRPO update; more reuse the rollouts, clipped against
+  # the sampler's log-probs.
+  c.policy.ppo_epochs = 1
+  c.policy.ppo_mini_batch_size = 0
   c.policy.loss = dict(
     kl_coef=0.001,
     kl_kind="low_var_kl",
@@ -87,16 +102,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   # The reward model. `model` may be a trained RM directory (head already there) or a causal
   # LM, which then gets a fresh zero score head (stated in the run's log).
-  c.rm = dict(
-    model="smollm2-135m-instruct",
-    tokenizer=config_dict.placeholder(str),
-    random_model=random_model_config(),
-    dtype="float32",
-    param_dtype="float32",
-    remat=False,
-    max_len=1024,
-    loss="bt",
-  )
+  c.rm = model_config(max_len=1024)
   c.rm.optim = optim_config(1e-5, warmup_steps=0)
   c.rm.micro_batch_size = 0  # rows (pairs for 'bt') per rm_step micro-batch; 0 = whole batch
 
@@ -122,6 +128,9 @@ def base_config() -> ml_collections.ConfigDict:
     max_prompt_len=512,
     max_new_tokens=512,
     prompt_pad_multiple=64,
+    # Rows per sampler call (0 = all rollouts in one call): bounds the KV cache and the
+    # prefill activations when prompts_per_step * group_size rows do not fit at once.
+    sample_batch_size=0,
   )
 
   c.pairs = dict(
@@ -132,6 +141,7 @@ def base_config() -> ml_collections.ConfigDict:
     assistant_model="smollm2-135m-instruct",
     assistant_temperature=0.7,
     assistant_max_new_tokens=512,
+    assistant_dtype="float32",  # "bfloat16" on accelerators: params and compute
   )
 
   c.verifier = dict(workers=0, deadline_s=5.0)  # workers 0: min(8, cpus // 2)
@@ -140,7 +150,6 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = dict(
     steps=100,
-    log_every=1,
     eval_every=0,
     eval_samples=1,
     eval_temperature=0.0,
@@ -228,8 +237,20 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError("config.policy.loss.kl_coef must be >= 0")
   if c.policy.loss.kl_kind not in ("k1", "k2", "k3", "low_var_kl"):
     raise ValueError(f"config.policy.loss.kl_kind={c.policy.loss.kl_kind!r} unknown")
-  if c.rm.loss not in ("bt", "bce"):
-    raise ValueError(f"config.rm.loss={c.rm.loss!r}: expected 'bt' or 'bce'")
+  for key in (
+    "policy.micro_batch_size",
+    "policy.logprob_chunk",
+    "rm.micro_batch_size",
+    "rollout.sample_batch_size",
+  ):
+    section, field = key.split(".")
+    if c[section][field] < 0:
+      raise ValueError(f"config.{key} must be >= 0 (0 = off), got {c[section][field]}")
+  if c.pairs.assistant_dtype not in ("float32", "bfloat16", "float16"):
+    raise ValueError(
+      f"config.pairs.assistant_dtype={c.pairs.assistant_dtype!r}: expected "
+      "float32, bfloat16 or float16"
+    )
   if c.pairs.positive not in ("first", "random"):
     raise ValueError(f"config.pairs.positive={c.pairs.positive!r}: expected 'first' or 'random'")
   if c.pairs.negatives not in ("perturb", "llm_rewrite"):
@@ -262,4 +283,20 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       raise ValueError(
         f"config.rollout.prompts_per_step={c.rollout.prompts_per_step} (RM pairs "
         f"per step) is not divisible by the mesh's data*fsdp={batch_shards}"
+      )
+    # Every array a jitted step or the sampler sees is split over data*fsdp.
+    for key, size in (
+      ("policy.ppo_mini_batch_size", c.policy.ppo_mini_batch_size),
+      ("policy.micro_batch_size", c.policy.micro_batch_size),
+      ("rm.micro_batch_size", c.rm.micro_batch_size),
+      ("rollout.sample_batch_size", c.rollout.sample_batch_size),
+    ):
+      if size % batch_shards:
+        raise ValueError(
+          f"config.{key}={size} is not divisible by the mesh's data*fsdp={batch_shards}"
+        )
+    if c.rollout.sample_batch_size and rows % c.rollout.sample_batch_size:
+      raise ValueError(
+        f"config.rollout.sample_batch_size={c.rollout.sample_batch_size} must divide "
+        f"prompts_per_step*group_size={rows}"
       )

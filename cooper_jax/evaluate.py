@@ -322,6 +322,14 @@ def load_eval_model(
   return cfg, params, load_tokenizer(tokenizer_source or tok_src)
 
 
+def evaluate_dir(model_dir, benchmarks: dict, *, workers: int = 1, **kw) -> dict:
+  """`evaluate_model` on a saved model (HF directory or .gguf) with its own tokenizer and a
+  verifier pool of `workers` processes; `kw` as evaluate_model's."""
+  cfg, params, tok = load_eval_model(str(model_dir), None, None)
+  with RuleVerifier(workers) as verifier:
+    return evaluate_model(cfg, params, tok, benchmarks, verifier=verifier, **kw)
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(
     prog="python -m cooper_jax.evaluate",

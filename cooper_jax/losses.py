@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from cooper_jax.stats import precision_recall
+
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
 
@@ -249,14 +251,12 @@ def bce_loss(logits_b, labels_b, mask_b=None):
   m = mask_b > 0
   pred = logits_b > 0
   true = labels_b >= 0.5
-  tp = jnp.sum((pred & true & m).astype(jnp.float32))
-  n_pred = jnp.sum((pred & m).astype(jnp.float32))
-  n_true = jnp.sum((true & m).astype(jnp.float32))
+  precision, recall = precision_recall(pred & m, true & m)  # 0 where undefined
   sg = jax.lax.stop_gradient
   metrics = {
     "bce_loss": sg(loss),
     "accuracy": masked_mean((pred == true).astype(jnp.float32), mask_b),
-    "precision": tp / jnp.maximum(n_pred, 1.0),  # 0 when nothing predicted positive
-    "recall": tp / jnp.maximum(n_true, 1.0),  # 0 when there are no positives
+    "precision": precision,
+    "recall": recall,
   }
   return loss, metrics

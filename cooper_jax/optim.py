@@ -13,12 +13,16 @@ if TYPE_CHECKING:
 SCHEDULES = ("constant", "linear_warmup", "warmup_cosine", "warmup_linear_decay")
 
 
-def make_schedule(oc) -> optax.Schedule:
-  """oc: lr, schedule, warmup_steps, total_steps, end_lr_frac (ConfigDict or anything with attrs)."""
+def make_schedule(oc, default_total_steps: int | None = None) -> optax.Schedule:
+  """oc: lr, schedule, warmup_steps, total_steps, end_lr_frac (ConfigDict or anything with
+  attrs). An unset (None) total_steps is `default_total_steps`, the run's train.steps."""
   # Imported here, not at the top: config parsing imports this module for SCHEDULES only.
   import optax  # pylint: disable=import-outside-toplevel
 
-  lr, warm, total = float(oc.lr), int(oc.warmup_steps), int(oc.total_steps)
+  total = oc.total_steps if oc.total_steps is not None else default_total_steps
+  if total is None and oc.schedule in ("warmup_cosine", "warmup_linear_decay"):
+    raise ValueError(f"optim.schedule={oc.schedule!r} needs total_steps (or the run's steps)")
+  lr, warm, total = float(oc.lr), int(oc.warmup_steps), int(total or 0)
   end = lr * float(oc.end_lr_frac)
   if oc.schedule == "constant":
     return optax.constant_schedule(lr)
@@ -37,7 +41,7 @@ def make_schedule(oc) -> optax.Schedule:
   raise ValueError(f"optim.schedule={oc.schedule!r}: expected one of {SCHEDULES}")
 
 
-def make_optimizer(oc) -> optax.GradientTransformation:
+def make_optimizer(oc, default_total_steps: int | None = None) -> optax.GradientTransformation:
   """clip_by_global_norm(grad_clip) -> AdamW(schedule, b1, b2, eps, weight_decay)."""
   import optax  # pylint: disable=import-outside-toplevel
 
@@ -46,7 +50,7 @@ def make_optimizer(oc) -> optax.GradientTransformation:
     parts.append(optax.clip_by_global_norm(float(oc.grad_clip)))
   parts.append(
     optax.adamw(
-      make_schedule(oc),
+      make_schedule(oc, default_total_steps),
       b1=float(oc.b1),
       b2=float(oc.b2),
       eps=float(oc.eps),

@@ -134,6 +134,13 @@ def policy_loss_fn(model_cfg: ModelConfig, lc, params, batch, *, logprob_chunk: 
   n_agg = n_tokens if lc.agg.replace("-", "_") == "token_mean" else float(resp_mask.shape[0])
   metrics = {k: Mean(v, n_agg if k in _AGG_METRICS else n_tokens) for k, v in metrics.items()}
   metrics["neg_logp_mean"] = Mean(-losses.masked_mean(logp, resp_mask), n_tokens)
+  if "sampler_logp" in batch:
+    # The sampler's log-probs of the same tokens: at the parameters that sampled them any gap
+    # is numerics (bf16 decode vs training forward, cache, kernels), and it biases the ratio.
+    d = jax.lax.stop_gradient(logp) - batch["sampler_logp"]
+    metrics["sampler_logp_abs_diff"] = Mean(losses.masked_mean(jnp.abs(d), resp_mask), n_tokens)
+    # k3 estimate of KL(sampler || trainer) from the sampler's own samples.
+    metrics["sampler_kl"] = Mean(losses.masked_mean(jnp.exp(d) - 1.0 - d, resp_mask), n_tokens)
   metrics["response_tokens"] = Sum(n_tokens)
   return Mean(loss, n_agg), metrics
 

@@ -43,6 +43,5 @@ def get_config(arg: str = "qwen,cooper"):
   c.train.eval_samples = 8
   c.train.eval_temperature = 0.7
   c.train.eval_max_new_tokens = 512
-  c.policy.optim.total_steps = c.rm.optim.total_steps = c.train.steps
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
   return c

@@ -42,5 +42,4 @@ def get_config(arg: str = "cooper"):
   c.train.checkpoint_every = 40
   c.train.max_to_keep = 1
   c.verifier.workers = 1
-  c.policy.optim.total_steps = c.rm.optim.total_steps = c.train.steps
   return c

@@ -35,6 +35,4 @@ def get_config(arg: str = "cooper"):
     c.train.checkpoint_every = 3
   else:
     raise ValueError(f"unknown variant {variant!r}: rule | static_rm | cooper | cpu_smoke")
-  c.policy.optim.total_steps = c.train.steps
-  c.rm.optim.total_steps = c.train.steps
   return c

@@ -26,5 +26,4 @@ def get_config(arg: str = "cooper"):
   c.train.steps = 4
   c.train.checkpoint_every = 2
   c.verifier.workers = 1
-  c.policy.optim.total_steps = c.rm.optim.total_steps = c.train.steps
   return c

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cooper_jax import config as config_lib
 from cooper_jax.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +71,9 @@ def test_resume_is_exact(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, pa, pb)
   # And training really changed the policy (not a no-op that trivially matches).
   assert float(a[0]["policy/grad_norm"]) > 0
+  # The learning rates are logged every step (tiny: constant 1e-3 for both models).
+  assert all(r["policy/lr"] == pytest.approx(1e-3) for r in a)
+  assert all(r["rm_train/lr"] == pytest.approx(1e-3) for r in a)
 
 
 def test_sigterm_saves_and_exits_cleanly(tmp_path):
@@ -91,67 +93,9 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
 
 
 def test_bad_overrides_fail_naming_the_key(tmp_path):
-  p = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "cooper_jax.train",
-      f"--config={TINY}",
-      f"--workdir={tmp_path}",
-      "--config.rollout.groupsize=8",
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert p.returncode != 0 and "groupsize" in p.stderr
-  p = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "cooper_jax.train",
-      f"--config={TINY}",
-      f"--workdir={tmp_path}",
-      "--config.rm.optim.lr=fast",
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert p.returncode != 0 and "lr" in p.stderr
-
-
-@pytest.mark.parametrize(
-  "key,value,needle",
-  [
-    ("rollout.group_size", -2, "rollout.group_size"),
-    ("rollout.max_new_tokens", 0, "rollout.max_new_tokens"),
-    ("reward_mode", "static", "reward_mode"),
-    ("policy.optim.schedule", "cosine", "policy.optim.schedule"),
-    ("pairs.negatives", "llm", "pairs.negatives"),
-    ("mesh.data", 0, "mesh.data"),
-  ],
-)
-def test_validate_names_the_key(key, value, needle):
-  c = config_lib.base_config()
-  c.unlock()
-  node = c
-  *path, last = key.split(".")
-  for part in path:
-    node = node[part]
-  node[last] = value
-  with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
-    config_lib.validate(c, n_devices=8)
-
-
-def test_mesh_must_divide_the_batch():
-  c = config_lib.base_config()
-  c.rollout.prompts_per_step, c.rollout.group_size = 3, 3  # 9 rows on data=8
-  c.mesh.data = 8
-  with pytest.raises(ValueError, match="not divisible"):
-    config_lib.validate(c, n_devices=8)
-  c.mesh.data = 3
-  with pytest.raises(ValueError, match="does not fit"):
-    config_lib.validate(c, n_devices=8)
+  for override, needle in (("rollout.groupsize=8", "groupsize"), ("rm.optim.lr=fast", "lr")):
+    cmd = [sys.executable, "-m", "cooper_jax.train", f"--config={TINY}", f"--workdir={tmp_path}"]
+    p = subprocess.run(
+      cmd + [f"--config.{override}"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode != 0 and needle in p.stderr

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -84,59 +83,23 @@ def parse_args(argv=None):
   return a
 
 
-def load_triples(path: str | os.PathLike) -> list[dict]:
-  """Validated {question, reference, completion, label (0/1)} rows; errors name the line."""
-  rows = []
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        r = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: line {n}: invalid JSON ({e.msg})") from e
-      for k in ("question", "reference", "completion", "label"):
-        if k not in r:
-          raise ValueError(f"{path}: line {n}: missing key {k!r}")
-      for k in ("question", "reference", "completion"):
-        if not isinstance(r[k], str):
-          raise ValueError(f"{path}: line {n}: {k!r} must be a string")
-      label = r["label"]
-      if isinstance(label, bool):
-        label = int(label)
-      if label not in (0, 1):
-        raise ValueError(f"{path}: line {n}: label must be 0 or 1, got {r['label']!r}")
-      rows.append({**r, "label": int(label)})
-  if not rows:
-    raise ValueError(f"{path}: no triples")
-  return rows
-
-
 def policy_triples(a) -> list[dict]:
   """Rollouts of the policy on the questions, labelled by the rule verifier."""
   from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
-  from cooper_jax.evaluate import evaluate_model  # pylint: disable=import-outside-toplevel
-  from cooper_jax.rewards.verify import DECIDED, RuleVerifier  # pylint: disable=import-outside-toplevel
-  from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
-  from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
+  from cooper_jax.evaluate import evaluate_dir  # pylint: disable=import-outside-toplevel
+  from cooper_jax.rewards.verify import DECIDED  # pylint: disable=import-outside-toplevel
 
   rows, _ = load_qa(a.questions, limit=a.n_questions)
-  cfg, params = load_pretrained(a.from_policy)
-  tok = load_tokenizer(a.from_policy)
-  with RuleVerifier(1) as verifier:
-    res = evaluate_model(
-      cfg,
-      params,
-      tok,
-      {"rollouts": rows},
-      samples=a.samples,
-      temperature=a.temperature,
-      top_p=1.0,
-      max_new_tokens=a.max_new_tokens,
-      batch_size=128,
-      seed=a.seed,
-      verifier=verifier,
-    )
+  res = evaluate_dir(
+    a.from_policy,
+    {"rollouts": rows},
+    samples=a.samples,
+    temperature=a.temperature,
+    top_p=1.0,
+    max_new_tokens=a.max_new_tokens,
+    batch_size=128,
+    seed=a.seed,
+  )
   by_id = {r.get("id", str(i)): r for i, r in enumerate(rows)}
   triples, dropped = [], 0
   for rec in res["records"]["rollouts"]:
@@ -232,6 +195,8 @@ def encode(tok, triples, max_len):
 
 def heldout_metrics(score_fn, params, tok, triples, max_len, batch=128) -> dict:
   """accuracy / precision / recall at sigmoid > 0.5 and the mean BCE, over all triples."""
+  from cooper_jax.stats import precision_recall  # pylint: disable=import-outside-toplevel
+
   probs = []
   for s in range(0, len(triples), batch):
     chunk = triples[s : s + batch]
@@ -240,14 +205,14 @@ def heldout_metrics(score_fn, params, tok, triples, max_len, batch=128) -> dict:
   p = np.concatenate(probs).astype(np.float64)
   y = np.asarray([t["label"] for t in triples], bool)
   pred = p > 0.5  # as losses.bce_loss: logit > 0 (a zero head predicts "wrong")
-  tp = float(np.sum(pred & y))
+  precision, recall = precision_recall(pred, y)
   eps = 1e-7
   return {
     "n": int(y.size),
     "positive_rate": float(y.mean()),
     "accuracy": float(np.mean(pred == y)),
-    "precision": tp / max(float(pred.sum()), 1.0),
-    "recall": tp / max(float(y.sum()), 1.0),
+    "precision": float(precision),
+    "recall": float(recall),
     "predicted_positive_rate": float(pred.mean()),
     "bce": float(-np.mean(y * np.log(p + eps) + (~y) * np.log(1 - p + eps))),
   }
@@ -260,8 +225,9 @@ def main(argv=None) -> dict:
 
   from cooper_jax import optim, sharding, steps  # pylint: disable=import-outside-toplevel
   from cooper_jax.io import (
-    atomic_write_json,  # pylint: disable=import-outside-toplevel
-    write_jsonl,  # pylint: disable=import-outside-toplevel
+    atomic_write_json,
+    read_completions,
+    write_jsonl,
   )
   from cooper_jax.supervised import adamw_warmup_cosine, train_supervised  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
@@ -274,14 +240,14 @@ def main(argv=None) -> dict:
     write_jsonl(triples_path, triples)
     print(f"wrote {len(triples)} triples to {triples_path}")
   else:
-    triples = load_triples(a.data)
+    triples = read_completions(a.data, require_label=True)
   rollout_s = time.perf_counter() - t_start
   # Synthetic rows (gold / constructed wrong) only ever train: the held-out set is what the RM
   # will score during RL, model outputs, not the generator's own text.
   extra = [t for t in triples if t.get("source") in SYNTHETIC_SOURCES]
   triples = [t for t in triples if t.get("source") not in SYNTHETIC_SOURCES]
   if a.heldout:
-    train_rows, held_rows = triples, load_triples(a.heldout)
+    train_rows, held_rows = triples, read_completions(a.heldout, require_label=True)
   else:
     train_rows, held_rows = split_by_question(triples, a.heldout_frac, a.seed)
   train_rows = train_rows + extra

@@ -170,7 +170,7 @@ def _config(a, mode: str, seed: int):
   c = load_config(f"{ROOT}/experiments/small_task.py:{mode},{ROOT / a.workdir}", a.set)
   c.seed = seed
   if a.steps:
-    c.train.steps = c.policy.optim.total_steps = c.rm.optim.total_steps = a.steps
+    c.train.steps = a.steps  # the optimizers' total_steps follow it
   return c
 
 

@@ -25,7 +25,6 @@ smaller model taking many small steps reaches ~20-25% held-out pass@1 (T=1) in ~
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -163,28 +162,19 @@ def train(cfg, tok, questions, responses, a):
 
 
 def evaluate_policy(policy_dir: Path, test_rows, a) -> dict:
-  from cooper_jax.evaluate import evaluate_model  # pylint: disable=import-outside-toplevel
-  from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
-  from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
-  from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
+  from cooper_jax.evaluate import evaluate_dir  # pylint: disable=import-outside-toplevel
 
   # Reload from disk on purpose: the study loads it this way, so test that path.
-  cfg, params = load_pretrained(os.fspath(policy_dir))
-  tok = load_tokenizer(os.fspath(policy_dir))
-  with RuleVerifier(1) as verifier:
-    res = evaluate_model(
-      cfg,
-      params,
-      tok,
-      {"arith_test": test_rows},
-      samples=a.eval_samples,
-      temperature=a.eval_temperature,
-      top_p=1.0,
-      max_new_tokens=a.eval_max_new_tokens,
-      batch_size=128,
-      seed=a.seed,
-      verifier=verifier,
-    )
+  res = evaluate_dir(
+    policy_dir,
+    {"arith_test": test_rows},
+    samples=a.eval_samples,
+    temperature=a.eval_temperature,
+    top_p=1.0,
+    max_new_tokens=a.eval_max_new_tokens,
+    batch_size=128,
+    seed=a.seed,
+  )
   b = res["benchmarks"]["arith_test"]
   acc = np.asarray(b["per_problem_acc"])
   diff = np.asarray([r["difficulty"] for r in test_rows])

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+import numpy as np
 
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.weights.gguf_io import load_gguf
@@ -53,7 +56,28 @@ def load_pretrained(
   return load_hf_dir(local, head=head, **cfg_overrides)
 
 
+def load_from_config(mc, head: str, seed: int) -> tuple[ModelConfig, dict, str]:
+  """(config, params, tokenizer source) for a run config's policy or RM sub-config `mc`
+  (fields model, tokenizer, random_model, dtype, param_dtype, remat). `model="random"` builds
+  a randomly initialised model of `mc.random_model`'s shape from `seed`."""
+  overrides = dict(dtype=mc.dtype, param_dtype=mc.param_dtype, remat=mc.remat)
+  if mc.model == "random":
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from cooper_jax.models.transformer import init_params  # pylint: disable=import-outside-toplevel
+
+    if not mc.tokenizer:
+      raise ValueError("a random model needs an explicit tokenizer (config.*.tokenizer)")
+    cfg = ModelConfig(**mc.random_model.to_dict(), head=head, **overrides)
+    return cfg, init_params(cfg, jax.random.key(seed)), mc.tokenizer
+  cfg, params = load_pretrained(mc.model, head=head, **overrides)
+  if head == "score" and not np.any(np.asarray(params["score"]["kernel"])):
+    logging.warning("RM %s has no trained score head: starting from a fresh (zero) head", mc.model)
+  return cfg, params, mc.tokenizer or mc.model
+
+
 __all__ = [
+  "load_from_config",
   "EMBEDDED_NAME",
   "load_pretrained",
   "load_gguf",

@@ -1,0 +1,219 @@
+"""The three reward modes of a run, one small class each (what differs per step, in one table):
+
+| mode      | reward of a rollout            | after the policy step                         |
+|-----------|--------------------------------|-----------------------------------------------|
+| rule      | math-verify verdict (0/1)      | nothing                                       |
+| static_rm | sigmoid(score) of a frozen RM  | nothing                                       |
+| cooper    | sigmoid(score) of the RM       | RM step on pairs from this step's rollouts    |
+
+The reward at step t comes from the RM as it was before step t's RM update (paper, and the
+reference code). The RM modes also log the reward-hacking monitors and, given held-out pairs,
+the RM's pair accuracy at every evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+import numpy as np
+
+from cooper_jax import optim, sharding, steps
+from cooper_jax.io import read_jsonl
+from cooper_jax.metrics import reward_hacking_monitors
+from cooper_jax.prompts import encode_rm_inputs
+from cooper_jax.rewards.pairs import build_pairs, make_negative_generator
+from cooper_jax.rewards.verify import RuleVerifier
+from cooper_jax.tokenizer import load_tokenizer
+from cooper_jax.weights import load_from_config, load_pretrained
+
+RM_PAD_MULTIPLE = 64  # RM input widths: a few compiled shapes instead of one per batch
+
+
+@dataclasses.dataclass
+class Rollouts:
+  """One step's rollouts on the host: G per prompt, prompt-major."""
+
+  rows: list[dict]  # the step's prompts (question, answer, ...), one per group
+  questions: list[str]  # per rollout
+  refs: list[str]  # per rollout
+  texts: list[str]  # decoded responses
+  correct: np.ndarray  # bool, the rule verifier's verdict per rollout
+
+
+class RuleReward:
+  """reward = the rule verifier's verdict; no RM."""
+
+  state = None  # no RM train state to checkpoint
+
+  def rewards(self, ro: Rollouts) -> tuple[np.ndarray, dict]:
+    return ro.correct.astype(np.float32), {}
+
+  def update(self, ro: Rollouts, step: int) -> dict:
+    del ro, step
+    return {}
+
+  def evaluate(self) -> dict:
+    return {}
+
+  def checkpoint_meta(self) -> dict:
+    return {}
+
+
+class StaticRMReward(RuleReward):
+  """reward = sigmoid(score) of the reference-based RM, which stays as loaded."""
+
+  def __init__(self, c, mesh):
+    self.c, self.mesh = c, mesh
+    self.cfg, params, tok_src = load_from_config(c.rm, "score", c.seed + 1)
+    self.tokenizer = load_tokenizer(tok_src)
+    # An optimizer state even when frozen: one checkpoint layout for every RM mode.
+    self.opt = optim.make_optimizer(c.rm.optim)
+    self.state = sharding.shard_tree(steps.init_state(params, self.opt), mesh)
+    self.reward_fn = steps.make_reward_fn(
+      self.cfg, mesh, params, micro_batch_size=c.rm.micro_batch_size
+    )
+    self.eval_pairs = _read_rm_eval_pairs(c.data.rm_eval_pairs) if c.data.rm_eval_pairs else None
+
+  def score(self, questions, refs, texts) -> tuple[np.ndarray, int]:
+    """(reward in (0, 1) per text, number of RM inputs cut to rm.max_len)."""
+    tok, mask, cut = encode_rm_inputs(
+      self.tokenizer, questions, refs, texts, self.c.rm.max_len, pad_to_multiple=RM_PAD_MULTIPLE
+    )
+    bs = sharding.batch_sharding(self.mesh)
+    r = self.reward_fn(self.state["params"], jax.device_put(tok, bs), jax.device_put(mask, bs))
+    return np.asarray(r), int(cut.sum())
+
+  def rewards(self, ro: Rollouts) -> tuple[np.ndarray, dict]:
+    r, n_trunc = self.score(ro.questions, ro.refs, ro.texts)
+    m = reward_hacking_monitors(r, ro.correct)
+    m["rm/inputs_truncated"] = n_trunc
+    return r, m
+
+  def evaluate(self) -> dict:
+    """RM on held-out (positive, negative) pairs: pair accuracy and classifier accuracy."""
+    if not self.eval_pairs:
+      return {}
+    pairs = self.eval_pairs
+    q = [p["question"] for p in pairs] * 2
+    a = [str(p["answer"]) for p in pairs] * 2
+    r, _ = self.score(q, a, [p["positive"] for p in pairs] + [p["negative"] for p in pairs])
+    pos, neg = r[: len(pairs)], r[len(pairs) :]
+    return {
+      "eval/rm_pair_acc": float(np.mean(pos > neg)),
+      "eval/rm_cls_acc": float(np.mean(np.concatenate([pos > 0.5, neg <= 0.5]))),
+    }
+
+  def checkpoint_meta(self) -> dict:
+    return {"rm_model": dataclasses.asdict(self.cfg)}
+
+
+class CooperReward(StaticRMReward):
+  """The RM reward, and after each policy step one RM step on (positive, negative) pairs built
+  from the step's own rollouts (rule-verified positive, generated negative)."""
+
+  def __init__(self, c, mesh, verifier: RuleVerifier):
+    super().__init__(c, mesh)
+    self.verifier = verifier
+    kw = {}
+    if c.pairs.negatives == "llm_rewrite":
+      kw = _assistant(c, mesh)
+    self.negatives = make_negative_generator(c.pairs.negatives, **kw)
+    self._rm_step = None
+
+  def update(self, ro: Rollouts, step: int) -> dict:
+    c = self.c
+    pairs, stats = build_pairs(
+      [r["question"] for r in ro.rows],
+      [r["answer"] for r in ro.rows],
+      ro.texts,
+      ro.correct,
+      c.rollout.group_size,
+      self.negatives,
+      self.verifier,
+      strategy=c.pairs.positive,
+      rng=np.random.default_rng([c.seed, step]),
+      max_tries=c.pairs.max_tries,
+      deadline_s=c.verifier.deadline_s,
+      accept_no_answer=c.pairs.accept_no_answer,
+    )
+    m = {
+      "pairs/valid_rate": stats["valid_pair_rate"],
+      "pairs/n_valid": stats["n_valid"],
+      "pairs/negative_tries": stats["negative_tries"],
+    }
+    m.update({f"pairs/reject_{k}": v for k, v in stats["rejects"].items()})
+    if stats["n_valid"] > 0:
+      rb, n_trunc = self._pair_batch(pairs)
+      m["rm/pair_inputs_truncated"] = n_trunc
+      if self._rm_step is None:
+        self._rm_step = steps.make_rm_step(
+          self.cfg,
+          "bt",
+          self.opt,
+          self.mesh,
+          self.state,
+          rb,
+          micro_batch_size=c.rm.micro_batch_size,
+        )
+      self.state, rmm = self._rm_step(self.state, rb)
+      m.update({f"rm_train/{k}": v for k, v in jax.device_get(rmm).items()})
+    m["rm_train/updated"] = float(stats["n_valid"] > 0)
+    return m
+
+  def _pair_batch(self, pairs):
+    """Positives and negatives tokenised together, so both halves share one width."""
+    n = len(pairs.questions)
+    pos = [p if v else "" for p, v in zip(pairs.positives, pairs.valid)]
+    neg = [q if v else "" for q, v in zip(pairs.negatives, pairs.valid)]
+    tok, mask, cut = encode_rm_inputs(
+      self.tokenizer,
+      pairs.questions * 2,
+      pairs.references * 2,
+      pos + neg,
+      self.c.rm.max_len,
+      pad_to_multiple=RM_PAD_MULTIPLE,
+    )
+    batch = {
+      "pos_tokens": tok[:n],
+      "pos_mask": mask[:n],
+      "neg_tokens": tok[n:],
+      "neg_mask": mask[n:],
+      "valid": np.asarray(pairs.valid, np.float32),
+    }
+    return batch, int(cut.sum())
+
+
+def make_reward_mode(c, mesh, verifier: RuleVerifier) -> RuleReward:
+  if c.reward_mode == "rule":
+    return RuleReward()
+  if c.reward_mode == "static_rm":
+    return StaticRMReward(c, mesh)
+  if c.reward_mode == "cooper":
+    return CooperReward(c, mesh, verifier)
+  raise ValueError(f"config.reward_mode={c.reward_mode!r}: expected rule, static_rm or cooper")
+
+
+def _assistant(c, mesh) -> dict:
+  """The `llm_rewrite` assistant: loaded in the configured dtype and sharded over the mesh like
+  the policy (a 7B model in float32 on one device does not fit an accelerator)."""
+  dtype = c.pairs.assistant_dtype
+  cfg, params = load_pretrained(c.pairs.assistant_model, dtype=dtype, param_dtype=dtype)
+  logging.info("assistant %s: %s, sharded over %s", c.pairs.assistant_model, dtype, mesh.shape)
+  return dict(
+    cfg=cfg,
+    params=sharding.shard_tree(params, mesh),
+    tokenizer=load_tokenizer(c.pairs.assistant_model),
+    temperature=c.pairs.assistant_temperature,
+    max_new_tokens=c.pairs.assistant_max_new_tokens,
+  )
+
+
+def _read_rm_eval_pairs(path: str) -> list[dict]:
+  rows = read_jsonl(path)
+  for n, p in rows:
+    missing = {"question", "answer", "positive", "negative"} - set(p)
+    if missing:
+      raise ValueError(f"{path}: line {n}: missing {sorted(missing)}")
+  return [p for _, p in rows]

@@ -1,0 +1,87 @@
+"""Config schema, validation and loading: errors name the key; parsing imports nothing heavy;
+the optimizers' total_steps follow train.steps."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cooper_jax import config as config_lib
+from cooper_jax import optim
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+  "key,value,needle",
+  [
+    ("rollout.group_size", -2, "rollout.group_size"),
+    ("rollout.max_new_tokens", 0, "rollout.max_new_tokens"),
+    ("reward_mode", "static", "reward_mode"),
+    ("policy.optim.schedule", "cosine", "policy.optim.schedule"),
+    ("pairs.negatives", "llm", "pairs.negatives"),
+    ("mesh.data", 0, "mesh.data"),
+  ],
+)
+def test_validate_names_the_key(key, value, needle):
+  c = config_lib.base_config()
+  c.unlock()
+  node = c
+  *path, last = key.split(".")
+  for part in path:
+    node = node[part]
+  node[last] = value
+  with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
+    config_lib.validate(c, n_devices=8)
+
+
+def test_mesh_must_divide_the_batch():
+  c = config_lib.base_config()
+  c.rollout.prompts_per_step, c.rollout.group_size = 3, 3  # 9 rows on data=8
+  c.mesh.data = 8
+  with pytest.raises(ValueError, match="not divisible"):
+    config_lib.validate(c, n_devices=8)
+  c.mesh.data = 3
+  with pytest.raises(ValueError, match="does not fit"):
+    config_lib.validate(c, n_devices=8)
+
+
+def test_config_parsing_imports_nothing_heavy():
+  code = (
+    "import sys, cooper_jax.config as c; c.load_config('experiments/paper.py:qwen,cooper'); "
+    "print(sorted(m for m in ('jax', 'optax', 'flax', 'transformers', 'scipy') if m in sys.modules))"
+  )
+  p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+  assert p.returncode == 0, p.stderr
+  assert p.stdout.strip() == "[]"
+
+
+def test_total_steps_follow_train_steps_unless_set():
+  c = config_lib.load_config(
+    f"{ROOT}/experiments/paper.py:qwen,cooper",
+    ["train.steps=500", "policy.optim.schedule=warmup_cosine"],
+  )
+  sched = optim.make_schedule(c.policy.optim, c.train.steps)
+  # warmup 20 then cosine to 0 over the run's 500 steps: still high at 200, ~0 only at 500.
+  assert float(sched(200)) > 0.5 * c.policy.optim.lr
+  assert float(sched(500)) == pytest.approx(0.0, abs=1e-12)
+  c.policy.optim.total_steps = 100  # explicit wins
+  assert float(optim.make_schedule(c.policy.optim, c.train.steps)(100)) == pytest.approx(0.0)
+  c.policy.optim.total_steps = None
+  with pytest.raises(ValueError, match="total_steps"):
+    optim.make_schedule(c.policy.optim)  # a decaying schedule with no length is an error
+
+
+def test_load_config_overrides_parse_literals_and_name_unknown_keys():
+  c = config_lib.load_config(
+    f"{ROOT}/experiments/tiny.py:rule", ["rollout.group_size=8", "policy.remat=False"]
+  )
+  assert c.reward_mode == "rule" and c.rollout.group_size == 8 and c.policy.remat is False
+  with pytest.raises(KeyError, match="rollout.groupsize"):
+    config_lib.load_config(f"{ROOT}/experiments/tiny.py", ["rollout.groupsize=8"])
+  with pytest.raises((TypeError, ValueError)):
+    config_lib.load_config(f"{ROOT}/experiments/tiny.py", ["rm.optim.lr=fast"])
+  for removed in ("rm.loss=bt", "train.log_every=1"):  # keys nothing read are gone
+    with pytest.raises(KeyError):
+      config_lib.load_config(f"{ROOT}/experiments/tiny.py", [removed])
