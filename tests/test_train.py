@@ -40,7 +40,7 @@ def _comparable(rows):
   return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
-def _final_params(workdir):
+def _final_params(workdir, items=("policy", "rm")):
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
   from cooper_jax.checkpoint import CheckpointStore  # pylint: disable=import-outside-toplevel
@@ -48,10 +48,10 @@ def _final_params(workdir):
   store = CheckpointStore(Path(workdir) / "checkpoints")
   step = store.steps()[-1]
   out = store.manager.restore(
-    step, args=ocp.args.Composite(policy=ocp.args.StandardRestore(), rm=ocp.args.StandardRestore())
+    step, args=ocp.args.Composite(**{k: ocp.args.StandardRestore() for k in items})
   )
   store.close()
-  return step, {"policy": out["policy"], "rm": out["rm"]}
+  return step, {k: out[k] for k in items}
 
 
 def test_resume_is_exact(tmp_path):
@@ -99,3 +99,30 @@ def test_bad_overrides_fail_naming_the_key(tmp_path):
       cmd + [f"--config.{override}"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert p.returncode != 0 and needle in p.stderr
+
+
+def test_ppo_epochs_and_mini_batches(tmp_path):
+  """One epoch of one mini-batch is today's on-policy update (ratio exactly 1); 2 epochs x 2
+  mini-batches take 4 updates clipped against the sampler's log-probs, which agree with the
+  trainer's at the sampling parameters (fp32, temperature 1)."""
+  one, ppo = tmp_path / "one", tmp_path / "ppo"
+  _train(one, "--config.reward_mode=rule", steps=1)
+  _train(
+    ppo,
+    "--config.reward_mode=rule",
+    "--config.policy.ppo_epochs=2",
+    "--config.policy.ppo_mini_batch_size=4",
+    steps=1,
+  )
+  (a,), (b,) = read_metrics(one), read_metrics(ppo)
+  assert a["policy/updates"] == 1 and a["policy/ratio_mean"] == 1.0
+  assert b["policy/updates"] == 4 and b["policy/ratio_mean"] != 1.0
+  for m in (a, b):
+    assert m["policy/sampler_logp_abs_diff"] < 1e-4 and abs(m["policy/sampler_kl"]) < 1e-6
+  assert a["reward/mean"] == b["reward/mean"]  # same rollouts, different updates
+  _, pa = _final_params(one, ("policy",))
+  _, pb = _final_params(ppo, ("policy",))
+  assert not np.array_equal(
+    np.asarray(pa["policy"]["params"]["embed"]["embedding"]),
+    np.asarray(pb["policy"]["params"]["embed"]["embedding"]),
+  )

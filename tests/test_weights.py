@@ -446,19 +446,19 @@ def test_unpermute_inverts_llama_cpp_permute(n_heads):
   np.testing.assert_array_equal(unpermute_rope_rows(llama_cpp_permute(b, n_heads), n_heads), b)
 
 
-def test_gguf_f32_loads_like_hf_dir(ckpts, tmp_path):
-  """A float32 GGUF written as llama.cpp does (names, permuted q/k) gives the HF dir's params."""
+def _write_tiny_gguf(path, ckpts, extra_tensors=()):
+  """The llama_tied checkpoint as a float32 GGUF written as llama.cpp does (names, permuted
+  q/k), plus any (name, array) extras."""
   gguf = pytest.importorskip("gguf")
-  src, hf, tensors = ckpts["llama_tied"]
-  e = hf["head_dim"]
-  w = gguf.GGUFWriter(str(tmp_path / "tiny.gguf"), "llama")
+  _, hf, tensors = ckpts["llama_tied"]
+  w = gguf.GGUFWriter(str(path), "llama")
   w.add_context_length(hf["max_position_embeddings"])
   w.add_embedding_length(D)
   w.add_block_count(LAYERS)
   w.add_feed_forward_length(D_FF)
   w.add_head_count(N_HEADS)
   w.add_head_count_kv(N_KV)
-  w.add_rope_dimension_count(e)
+  w.add_rope_dimension_count(hf["head_dim"])
   w.add_rope_freq_base(hf["rope_theta"])
   w.add_layer_norm_rms_eps(hf["rms_norm_eps"])
   w.add_vocab_size(VOCAB)
@@ -485,13 +485,21 @@ def test_gguf_f32_loads_like_hf_dir(ckpts, tmp_path):
       elif suffix.startswith("self_attn.k_proj"):
         a = llama_cpp_permute(a, N_KV)
       w.add_tensor(f"blk.{i}.{gname}", np.ascontiguousarray(a))
+  for name, a in extra_tensors:
+    w.add_tensor(name, a)
   w.write_header_to_file()
   w.write_kv_data_to_file()
   w.write_tensors_to_file()
   w.close()
+
+
+def test_gguf_f32_loads_like_hf_dir(ckpts, tmp_path):
+  """A float32 GGUF written as llama.cpp does (names, permuted q/k) gives the HF dir's params."""
+  src, hf, _ = ckpts["llama_tied"]
+  _write_tiny_gguf(tmp_path / "tiny.gguf", ckpts)
   cfg_g, p_g = load_gguf(tmp_path / "tiny.gguf")
   cfg_h, p_h = load_hf_dir(src)
-  assert cfg_g.tie_embeddings and cfg_g.head_dim == e
+  assert cfg_g.tie_embeddings and cfg_g.head_dim == hf["head_dim"]
   for field in (
     "vocab_size",
     "d_model",
@@ -511,6 +519,20 @@ def test_gguf_f32_loads_like_hf_dir(ckpts, tmp_path):
   assert_tree_equal(p_g, p_h)
   via_pretrained = load_pretrained(str(tmp_path / "tiny.gguf"))[1]
   assert_tree_equal(via_pretrained, p_h)
+
+
+def test_gguf_rope_freqs_and_unknown_tensors_are_refused(ckpts, tmp_path):
+  # Llama-3 GGUFs carry RoPE scaling as a rope_freqs tensor: loading without it would be
+  # plain RoPE, silently wrong, so the loader must refuse and say what to do instead.
+  e = ckpts["llama_tied"][1]["head_dim"]
+  _write_tiny_gguf(
+    tmp_path / "l3.gguf", ckpts, [("rope_freqs.weight", np.ones(e // 2, np.float32))]
+  )
+  with pytest.raises(ValueError, match="rope_freqs.weight.*Hugging Face directory"):
+    load_gguf(tmp_path / "l3.gguf")
+  _write_tiny_gguf(tmp_path / "odd.gguf", ckpts, [("mystery.weight", np.ones(3, np.float32))])
+  with pytest.raises(ValueError, match="unexpected GGUF tensor 'mystery.weight'"):
+    load_gguf(tmp_path / "odd.gguf")
 
 
 # ------------------------------------------------------------------ load_pretrained errors

@@ -95,14 +95,21 @@ def load_gguf(path: str | os.PathLike, **cfg_overrides) -> tuple[ModelConfig, di
   cfg = cfg.replace(head=head, tie_embeddings=cfg.tie_embeddings and not fresh_head)
   by_hf_name = {}
   for t in reader.tensors:
+    if t.name.endswith("rope_freqs.weight"):
+      # llama.cpp stores Llama-3 RoPE scaling as per-frequency factors; loading without them
+      # would silently give plain RoPE, so refuse rather than guess.
+      raise ValueError(
+        f"{path}: tensor {t.name!r} holds Llama-3-style RoPE frequency factors, which the GGUF "
+        "loader does not apply; load the model's Hugging Face directory (its config.json "
+        "rope_scaling is supported) instead"
+      )
     if t.name in _TOP_NAMES:
       by_hf_name[_TOP_NAMES[t.name]] = t
-    elif t.name.startswith("blk."):
+    elif t.name.startswith("blk.") and t.name.split(".", 2)[2] in _LAYER_NAMES:
       _, idx, rest = t.name.split(".", 2)
-      if rest in _LAYER_NAMES:
-        by_hf_name[f"model.layers.{idx}.{_LAYER_NAMES[rest]}"] = t
-      elif rest not in ("rope_freqs.weight",):
-        raise ValueError(f"{path}: unexpected GGUF tensor {t.name!r}")
+      by_hf_name[f"model.layers.{idx}.{_LAYER_NAMES[rest]}"] = t
+    else:
+      raise ValueError(f"{path}: unexpected GGUF tensor {t.name!r}")
 
   def get_tensor(name):
     t = by_hf_name.get(name)
