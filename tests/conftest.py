@@ -13,3 +13,30 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # libtpu (installed for tools/aot_compile.py) takes a machine-wide lock when loaded; the AOT
 # tests load it next to other JAX processes (other test runs, a training run).
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+import pytest  # noqa: E402  (after the environment above: jax reads it at import)
+
+
+@pytest.fixture(scope="session")
+def tiny_smol():
+  """(cfg, params, tokenizer): a 1-layer random model over the real SmolLM2 tokenizer."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from cooper_jax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  from cooper_jax.models.transformer import init_params  # pylint: disable=import-outside-toplevel
+  from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
+
+  cfg = ModelConfig(
+    vocab_size=49152,
+    d_model=32,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    d_ff=64,
+    tie_embeddings=True,
+  )
+  # jit: eager init of a 49K x 32 embedding op by op takes ~30 s on a busy 2-core CPU.
+  params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
+  return cfg, params, load_tokenizer("smollm2-135m-instruct")

@@ -3,15 +3,11 @@
 import json
 import types
 
-import jax
 import numpy as np
 import pytest
 
 from cooper_jax import evaluate as ev
 from cooper_jax import io, stats
-from cooper_jax.models.config import ModelConfig
-from cooper_jax.models.transformer import init_params
-from cooper_jax.tokenizer import load_tokenizer
 
 
 def test_bootstrap_ci_all_ones_and_zeros():
@@ -54,18 +50,8 @@ class StubVerifier:
 
 
 @pytest.fixture(scope="module")
-def tiny():
-  cfg = ModelConfig(
-    vocab_size=49152,
-    d_model=32,
-    n_layers=1,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=16,
-    d_ff=64,
-    tie_embeddings=True,
-  )
-  return cfg, init_params(cfg, jax.random.key(0)), load_tokenizer("smollm2-135m-instruct")
+def tiny(tiny_smol):
+  return tiny_smol
 
 
 def test_evaluate_model_arithmetic_and_structure(tiny):

@@ -2,12 +2,9 @@
 
 import time
 
-import jax
 import numpy as np
 import pytest
 
-from cooper_jax.models.config import ModelConfig
-from cooper_jax.models.transformer import init_params
 from cooper_jax.prompts import build_rm_input, cut_long_text, encode_rm_inputs
 from cooper_jax.rewards.pairs import (
   REJECT_REASONS,
@@ -272,17 +269,6 @@ def test_factory():
 
 # ---- LLM rewrite ---------------------------------------------------------------------------
 
-TINY_SMOL = ModelConfig(
-  vocab_size=49152,
-  d_model=32,
-  n_layers=1,
-  n_heads=2,
-  n_kv_heads=1,
-  head_dim=16,
-  d_ff=64,
-  tie_embeddings=True,
-)
-
 
 def test_rewrite_prompt_is_pure_and_complete():
   p = rewrite_prompt("What is 3*6?", "3*6 = \\boxed{18}")
@@ -299,11 +285,10 @@ def test_rewrite_prompt_is_pure_and_complete():
   assert rewrite_token_budget("one two  three\nfour") == 504
 
 
-def test_llm_rewrite_negatives_generate(tok, verifier):
-  # Jitted: eager init of a 49152-row embedding is twice as slow on the CPU.
-  params = jax.jit(init_params, static_argnums=0)(TINY_SMOL, jax.random.key(0))
+def test_llm_rewrite_negatives_generate(tiny_smol, verifier):
+  cfg, params, tok = tiny_smol
   gen = make_negative_generator(
-    "llm_rewrite", cfg=TINY_SMOL, params=params, tokenizer=tok, max_new_tokens=8
+    "llm_rewrite", cfg=cfg, params=params, tokenizer=tok, max_new_tokens=8
   )
   assert isinstance(gen, LLMRewriteNegatives) and gen.temperature == 0.7
   qs = ["What is 3*6?", "What is 2+2?", "Name a prime."]

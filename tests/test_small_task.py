@@ -3,11 +3,11 @@
 import re
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 
 from cooper_jax import optim, sft, sharding, steps
+from cooper_jax.config import optim_config
 from cooper_jax.data import load_qa
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import forward, init_params
@@ -189,22 +189,9 @@ def test_sft_loss_matches_hand_computed_ce(tok, rows, tiny):
 
 def test_sft_step_decreases_loss(tok, rows, tiny):
   cfg, params = tiny
-  opt = optim.make_optimizer(
-    ml_collections.ConfigDict(
-      dict(
-        lr=1e-2,
-        schedule="constant",
-        warmup_steps=0,
-        total_steps=10,
-        end_lr_frac=0.0,
-        b1=0.9,
-        b2=0.95,
-        eps=1e-8,
-        weight_decay=0.0,
-        grad_clip=1.0,
-      )
-    )
-  )
+  oc = optim_config(1e-2, warmup_steps=0)
+  oc.update(schedule="constant", b2=0.95, weight_decay=0.0)
+  opt = optim.make_optimizer(oc)
   mesh = sharding.make_mesh(1, 1, 1)
   # A copy of the host params: the step donates its state.
   state = sharding.shard_tree(steps.init_state(jax.tree.map(np.array, params), opt), mesh)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cooper_jax import logprobs, optim, sharding, steps
+from cooper_jax.config import optim_config
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import init_params
 
@@ -25,22 +26,9 @@ TINY = ModelConfig(
 
 
 def _optim(lr=1e-3):
-  return optim.make_optimizer(
-    ml_collections.ConfigDict(
-      dict(
-        lr=lr,
-        schedule="constant",
-        warmup_steps=0,
-        total_steps=10,
-        end_lr_frac=0.0,
-        b1=0.9,
-        b2=0.999,
-        eps=1e-8,
-        weight_decay=0.01,
-        grad_clip=1.0,
-      )
-    )
-  )
+  oc = optim_config(lr, warmup_steps=0)
+  oc.schedule = "constant"
+  return optim.make_optimizer(oc)
 
 
 LOSS = ml_collections.ConfigDict(
