@@ -18,6 +18,7 @@ import pytest
 
 from cooper_jax.models.config import ModelConfig, RopeScaling, from_hf_config, to_hf_config
 from cooper_jax.models.transformer import forward, rope_inv_freq
+from cooper_jax.prompts import left_pad
 from cooper_jax.weights import load_hf_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -80,11 +81,7 @@ def model():
 
 def _left_pad(rows):
   t = max(len(r) for r in rows) + 3  # every row, the longest included, gets some padding
-  tokens = np.full((len(rows), t), PAD_ID, np.int32)
-  mask = np.zeros((len(rows), t), bool)
-  for i, r in enumerate(rows):
-    tokens[i, t - len(r) :] = r
-    mask[i, t - len(r) :] = True
+  tokens, mask, _ = left_pad(rows, PAD_ID, pad_to_multiple=t)
   return tokens, mask
 
 

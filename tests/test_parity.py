@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cooper_jax import prompts
+
 FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_hf_logits.npz"
 LOGIT_ATOL = 2e-4
 PAD_ID = 2
@@ -43,12 +45,9 @@ def load_fixture(path=FIXTURE) -> dict:
 
 
 def left_pad(rows, pad_id=PAD_ID, multiple=PAD_TO_MULTIPLE):
+  # Every row, the longest included, gets at least one pad in front.
   t = -(-(max(len(r) for r in rows) + 1) // multiple) * multiple
-  tokens = np.full((len(rows), t), pad_id, np.int32)
-  mask = np.zeros((len(rows), t), bool)
-  for i, r in enumerate(rows):
-    tokens[i, t - len(r) :] = r
-    mask[i, t - len(r) :] = True
+  tokens, mask, _ = prompts.left_pad(rows, pad_id, pad_to_multiple=t)
   return tokens, mask
 
 

@@ -60,3 +60,24 @@ def test_table_formats_points():
   t = {"cooper - rule": {"mean_diff": 0.031, "ci95": [-0.01, 0.07], "p_value": 0.2}}
   md = stats.format_study_table(s, t, 2, 1, 4)
   assert "| rule | 50.0 (" in md and "| cooper - rule | +3.1 | -1.0 to +7.0 | 0.2 |" in md
+
+
+def test_seed_level_test_uses_runs_not_problems():
+  # Three seeds that disagree in sign: of the 8 sign patterns of (5.9, 4.9, 4.0) points, 4
+  # reach |mean| >= 2.27 (the observed one, its mirror, all-plus, all-minus): p = 4/8. No
+  # 3-seed result can go below 2/8.
+  t = stats.seed_paired_test([0.225, 0.248, 0.160], [0.166, 0.199, 0.200])
+  assert t["per_seed_diff"] == pytest.approx([0.059, 0.049, -0.040])
+  assert t["sign_flip_p"] == pytest.approx(0.5)
+  assert 0.4 < t["t_test_p"] < 0.7
+  t = stats.seed_paired_test([0.40, 0.41, 0.42], [0.20, 0.20, 0.21])  # all seeds agree
+  assert t["sign_flip_p"] == pytest.approx(0.25) and t["t_test_p"] < 0.01
+
+
+def test_table_puts_seed_level_comparisons_first():
+  s = {"rule": stats.condition_summary([np.array([1.0, 0.0]), np.array([1.0, 1.0])])}
+  t = {"cooper - rule": {"mean_diff": 0.031, "ci95": [-0.01, 0.07], "p_value": 0.2}}
+  st = {"cooper - rule": stats.seed_paired_test([0.5, 0.6], [0.4, 0.45])}
+  md = stats.format_study_table(s, t, 2, 2, 4, st)
+  assert "| cooper - rule | +10.0, +15.0 | +12.5 |" in md
+  assert md.index("Paired by seed") < md.index("Paired by problem")

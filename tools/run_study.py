@@ -246,13 +246,20 @@ def main(argv=None) -> dict:
         )
 
   summaries = {k: stats.condition_summary(v) for k, v in per_problem.items()}
-  tests = {}
+  tests, seed_tests = {}, {}
   for other in ("rule", "static_rm", "untrained"):
     if "cooper" in summaries and other in summaries:
-      tests[f"cooper - {other}"] = stats.paired_test(
+      name = f"cooper - {other}"
+      tests[name] = stats.paired_test(
         np.asarray(summaries["cooper"]["per_problem"]), np.asarray(summaries[other]["per_problem"])
       )
-  table = stats.format_study_table(summaries, tests, len(rows), len(seeds), a.eval_samples)
+      if len(seeds) > 1:
+        seed_tests[name] = stats.seed_paired_test(
+          summaries["cooper"]["seed_accuracies"], summaries[other]["seed_accuracies"]
+        )
+  table = stats.format_study_table(
+    summaries, tests, len(rows), len(seeds), a.eval_samples, seed_tests
+  )
   plot_dynamics(curves, out / "training_dynamics.png", "small arithmetic task")
   plot_rm_stability(
     curves, out / "rm_stability.png", "RM pair accuracy on held-out (correct, wrong) solutions"
@@ -261,6 +268,7 @@ def main(argv=None) -> dict:
   result = {
     "summaries": summaries,
     "tests": tests,
+    "seed_tests": seed_tests,
     "seeds": seeds,
     "conditions": conditions,
     "eval": {
