@@ -33,18 +33,43 @@ class SampleOutput(NamedTuple):
   mask: jax.Array
 
 
+# Candidates for the nucleus before falling back to a full sort: with a 50k-150k vocabulary a
+# sort per decode step costs more than the step's LM head on a CPU, while the top-p=0.95
+# nucleus of a trained model rarely holds more than a few dozen tokens.
+TOP_P_CANDIDATES = 256
+
+
 def _filter_logits(scaled_bv, top_p: float, top_k: int):
-  """Top-k then top-p (nucleus) filtering; filtered entries become -inf."""
+  """Top-k then top-p (nucleus) filtering; filtered entries become -inf.
+
+  Top-p looks at the TOP_P_CANDIDATES largest logits first; only if the nucleus does not end
+  among them (some row's kept prefix reaches the last candidate) does it sort the whole
+  vocabulary. Either way the cutoff is the one a full sort gives: the softmax over the
+  candidates is renormalised to the full vocabulary's mass before the cumulative sum."""
   neg_inf = jnp.finfo(scaled_bv.dtype).min
   if top_k > 0:
     kth_b1 = jax.lax.top_k(scaled_bv, top_k)[0][:, -1:]
     scaled_bv = jnp.where(scaled_bv < kth_b1, neg_inf, scaled_bv)
   if top_p < 1.0:
-    sorted_bv = jnp.sort(scaled_bv, axis=-1)[:, ::-1]
-    probs_bv = jax.nn.softmax(sorted_bv, axis=-1)
-    # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
-    keep_bv = (jnp.cumsum(probs_bv, axis=-1) - probs_bv) < top_p
-    cutoff_b1 = jnp.min(jnp.where(keep_bv, sorted_bv, jnp.inf), axis=-1, keepdims=True)
+    v = scaled_bv.shape[-1]
+    k = min(TOP_P_CANDIDATES, v)
+    top_bk = jax.lax.top_k(scaled_bv, k)[0]
+    # Probabilities within the whole vocabulary (as softmax computes them), not a softmax over
+    # the k candidates: the cumulative sum must be of the full distribution's mass.
+    max_b1 = top_bk[:, :1]
+    denom_b1 = jnp.sum(jnp.exp(scaled_bv - max_b1), axis=-1, keepdims=True)
+    probs_bk = jnp.exp(top_bk - max_b1) / denom_b1
+    keep_bk = (jnp.cumsum(probs_bk, axis=-1) - probs_bk) < top_p
+    cutoff_b1 = jnp.min(jnp.where(keep_bk, top_bk, jnp.inf), axis=-1, keepdims=True)
+    inside = jnp.all(~keep_bk[:, -1]) if k < v else jnp.bool_(True)
+
+    def full_sort(_):
+      sorted_bv = jnp.sort(scaled_bv, axis=-1)[:, ::-1]
+      probs_bv = jax.nn.softmax(sorted_bv, axis=-1)
+      keep_bv = (jnp.cumsum(probs_bv, axis=-1) - probs_bv) < top_p
+      return jnp.min(jnp.where(keep_bv, sorted_bv, jnp.inf), axis=-1, keepdims=True)
+
+    cutoff_b1 = jax.lax.cond(inside, lambda _: cutoff_b1, full_sort, None)
     scaled_bv = jnp.where(scaled_bv < cutoff_b1, neg_inf, scaled_bv)
   return scaled_bv
 
@@ -62,7 +87,16 @@ def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
 
 @functools.partial(
   jax.jit,
-  static_argnames=("cfg", "max_new_tokens", "temperature", "top_p", "top_k", "eos_ids", "pad_id"),
+  static_argnames=(
+    "cfg",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "eos_ids",
+    "pad_id",
+    "group_size",
+  ),
 )
 def sample(
   params,
@@ -77,11 +111,17 @@ def sample(
   top_k: int = 0,
   eos_ids: Sequence[int] = (),
   pad_id: int = 0,
+  group_size: int = 1,
 ) -> SampleOutput:
-  """Samples max_new_tokens after left-padded prompts; deterministic for a given rng."""
+  """Samples max_new_tokens after left-padded prompts; deterministic for a given rng.
+
+  group_size G > 1: `tokens_bp` holds each prompt once ([u, p]) and G samples are drawn per
+  prompt (output rows u * G, prompt-major, as GRPO groups). Each prompt is prefilled once and
+  its cache copied to its G rows, instead of prefilling G identical copies; the samples are
+  those of the G-times-repeated batch with the same rng.
+  """
   model = Transformer(cfg)
   variables = {"params": params}
-  b, p = tokens_bp.shape
   n = max_new_tokens
   mask_bp = mask_bp.astype(bool)
   pos_bp = positions_from_mask(mask_bp)
@@ -90,6 +130,11 @@ def sample(
     variables, tokens_bp, pos_bp, mask_bp, method=Transformer.hidden
   )
   logits_bv = model.apply(variables, h_bpd[:, -1:], method=Transformer.logits)[:, 0]
+  if group_size > 1:
+    rows = lambda x, axis=0: jnp.repeat(x, group_size, axis=axis)
+    k_lbpke, v_lbpke = rows(k_lbpke, 1), rows(v_lbpke, 1)
+    mask_bp, pos_bp, logits_bv = rows(mask_bp), rows(pos_bp), rows(logits_bv)
+  b, p = mask_bp.shape
   pad_kv = lambda x: jnp.pad(x.astype(cfg.jnp_dtype), ((0, 0), (0, 0), (0, n), (0, 0), (0, 0)))
   cache = KVCache(
     k=pad_kv(k_lbpke),

@@ -104,6 +104,22 @@ def test_sampling_is_deterministic_per_key(params):
   assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
 
 
+def test_group_sampling_prefills_once_and_matches_the_repeated_batch(params):
+  # G samples per prompt from one prefill must be the samples of the G-times-repeated batch
+  # (same rng): the cache is copied after the prefill, nothing else changes.
+  g = 4
+  toks, mask = _left_pad(ROWS, 8)
+  kw = dict(cfg=TINY, max_new_tokens=10, temperature=1.0, top_p=0.95, pad_id=PAD)
+  rep = sample(params, np.repeat(toks, g, 0), np.repeat(mask, g, 0), jax.random.key(3), **kw)
+  grp = sample(params, toks, mask, jax.random.key(3), group_size=g, **kw)
+  np.testing.assert_array_equal(grp.tokens, rep.tokens)
+  np.testing.assert_array_equal(grp.mask, rep.mask)
+  np.testing.assert_allclose(grp.logprobs, rep.logprobs, atol=1e-5)
+  assert grp.tokens.shape == (len(ROWS) * g, 10)
+  # The G samples of one prompt differ (they are samples, not copies).
+  assert len({tuple(r) for r in np.asarray(grp.tokens[:g]).tolist()}) > 1
+
+
 def test_top_k_one_is_greedy(params):
   toks, mask = _left_pad(ROWS, 8)
   greedy = sample(
@@ -159,6 +175,36 @@ def test_top_p_keeps_only_the_nucleus():
   assert (filtered[0, 2:] < -1e30).all()
   top2 = np.asarray(_filter_logits(jnp.log(probs), 1.0, 2))
   assert (top2[0, :2] > -1e30).all() and (top2[0, 2:] < -1e30).all()
+
+
+def _full_sort_top_p(scaled, top_p):
+  """Reference nucleus filter: sort the whole vocabulary (numpy, float64)."""
+  out = np.array(scaled, np.float64)
+  for row in out:
+    order = np.argsort(-row, kind="stable")
+    probs = np.exp(row[order] - row[order].max())
+    probs /= probs.sum()
+    keep = (np.cumsum(probs) - probs) < top_p
+    row[row < row[order][keep].min()] = -np.inf
+  return out
+
+
+@pytest.mark.parametrize("temperature_scale", [0.1, 3.0])
+def test_top_p_candidates_equal_a_full_sort(monkeypatch, temperature_scale):
+  from cooper_jax import sampling  # pylint: disable=import-outside-toplevel
+
+  # Peaked logits: the nucleus lies inside the 8 candidates. Flat ones: it does not, and the
+  # filter must fall back to sorting everything. Both must match the full-sort reference.
+  monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 8)
+  rng = np.random.default_rng(0)
+  scaled = (rng.standard_normal((6, 300)) / temperature_scale).astype(np.float32)
+  for top_p in (0.5, 0.9, 0.95):
+    got = np.asarray(sampling._filter_logits(jnp.asarray(scaled), top_p, 0))
+    want = _full_sort_top_p(scaled, top_p)
+    np.testing.assert_array_equal(got < -1e30, np.isinf(want))
+    np.testing.assert_array_equal(got[got > -1e30], scaled[got > -1e30])
+  kept = (np.asarray(sampling._filter_logits(jnp.asarray(scaled), 0.95, 0)) > -1e30).sum(1)
+  assert (kept > 8).any() if temperature_scale == 3.0 else (kept <= 8).all()
 
 
 def test_sampler_on_sharded_params_matches_single_device(params):
