@@ -1,0 +1,450 @@
+"""cooper_jax next to its peers, every figure a ratio of two sides measured in the same run.
+
+  python benchmarks/run.py --out results/bench/cpu.json           # CPU, the real SmolLM2-135M
+  python benchmarks/run.py --quick --allow-noisy                  # tiny sizes, a smoke check
+  python benchmarks/run.py --gpu --out results/bench/gpu.json     # GPU, random 135M/1.5B shapes
+
+CPU sections (`--only` picks some):
+  sampler      cooper_jax `sample` vs HF `generate` (torch, fp32) on the embedded SmolLM2-135M
+               (exported with save_hf_dir, so both load the same weights) and the same token
+               ids (the first GSM8K test questions, chat-templated, left-padded), batches 16
+               and 64, 128 new tokens at temperature 1.0 with EOS disabled on both sides; and
+               the sampler's model FLOP/s vs this CPU's 2048-cube float32 matmul in jax.
+  policy_step  `policy_step` tokens/s vs a PyTorch forward + backward + AdamW on the same
+               weights and the same 8 x 256 random tokens (128 prompt + 128 response), fp32,
+               best of 3 per run; and its model FLOP/s vs the matmul peak.
+  checkpoint   CheckpointStore save / restore of the policy + RM train states vs np.save /
+               np.load of the same arrays.
+  iteration    one Cooper iteration vs one rule-only iteration of experiments/smollm2.py
+               (cpu_smoke sizes, perturb negatives, same seed so the same prompts), through
+               cooper_jax.train.train, with the loop's time/* metrics side by side.
+
+The torch side runs in a throwaway venv (--torch-python, default /tmp/ref/bin/python) as one
+long-lived subprocess (benchmarks/torch_side.py), so each run times the peer right before ours.
+Timing refuses to start when the 1-minute load average is above 2 (printed) unless
+--allow-noisy, which marks the results NOISY. Each ratio is measured --runs times (default 3);
+the table shows every run and the worst. --quick: tiny random models and sizes, every code path
+(the torch peer too, if its venv exists), for CI-speed smoke checks; its numbers mean nothing.
+--gpu: random bfloat16 weights of the SmolLM2-135M and Qwen2.5-1.5B shapes, sampler at batch
+256, prompt 256, 512 new tokens, policy_step 16 x 1024, against the recorded HF numbers on one
+H200 (../shared/docs/gpu-and-peers.md); `--gpu --quick` runs tiny versions of both shapes and
+traces (lowers, without compiling) the full-size sampler and step, which is what a CPU can check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: make `benchmarks` and `cooper_jax` importable
+  sys.path.insert(0, str(REPO))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.torch_side import DEFAULT_TORCH_PYTHON  # noqa: E402
+
+SECTIONS = ("sampler", "policy_step", "checkpoint", "iteration")
+
+# Hugging Face transformers 5.17 / PyTorch 2.11 on one H200, random bf16 weights
+# (../shared/docs/gpu-and-peers.md): generate at batch 256, prompt 256, 512 new tokens, and a
+# train step (fwd + bwd + AdamW); SmolLM2's step was measured at 32 x 1024 tokens.
+H200_GENERATE = {"smollm2-135m": 3456.0, "qwen2.5-1.5b": 3755.0}
+H200_STEP = {"smollm2-135m": 180e3, "qwen2.5-1.5b": 39.6e3}
+H200_BF16_PEAK = 989e12  # dense bf16 datasheet FLOP/s, the MFU denominator of the peer numbers
+
+
+def parse_args(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--out", default=None, help="JSON path (default results/bench/<name>.json)")
+  ap.add_argument("--name", default=None, help="default cpu / gpu (+ _quick)")
+  ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke check")
+  ap.add_argument("--gpu", action="store_true", help="random 135M / 1.5B shapes, H200 peers")
+  ap.add_argument("--runs", type=int, default=3, help="paired runs per ratio; worst reported")
+  ap.add_argument("--reps", type=int, default=None, help="timed calls per side per run (best)")
+  ap.add_argument("--only", default=",".join(SECTIONS), help="comma list of " + ",".join(SECTIONS))
+  ap.add_argument("--allow-noisy", action="store_true", help="time even if load > 2 (NOISY)")
+  ap.add_argument("--torch-python", default=DEFAULT_TORCH_PYTHON, help="python of the torch venv")
+  ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer (no ratios)")
+  ap.add_argument("--batches", default=None, help="sampler batches (default 16,64)")
+  ap.add_argument("--new-tokens", type=int, default=None, help="sampler new tokens (128)")
+  ap.add_argument("--workdir", default=None, help="parent of the scratch directory")
+  args = ap.parse_args(argv)
+  args.only = [s for s in args.only.split(",") if s]
+  unknown = set(args.only) - set(SECTIONS)
+  if unknown:
+    ap.error(f"--only: unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+  if args.runs < 1:
+    ap.error("--runs must be >= 1")
+  args.name = args.name or ("gpu" if args.gpu else "cpu") + ("_quick" if args.quick else "")
+  args.out = args.out or str(REPO / "results" / "bench" / f"{args.name}.json")
+  return args
+
+
+def sizes(args) -> dict:
+  """Everything the sizes depend on, in one place per mode."""
+  q = args.quick
+  if args.gpu:
+    s = dict(
+      batches=[4] if q else [256],
+      prompt=16 if q else 256,
+      new_tokens=8 if q else 512,
+      step=(2, 16, 16) if q else (16, 512, 512),  # rows, prompt, response
+      peak=(256, 3) if q else (8192, 5),
+      reps=1 if q else 3,
+    )
+  else:
+    s = dict(
+      batches=[2, 4] if q else [16, 64],
+      new_tokens=8 if q else 128,
+      step=(2, 16, 16) if q else (8, 128, 128),
+      peak=(256, 3) if q else (2048, 5),
+      sampler_reps=1 if q else 2,
+      step_reps=1 if q else 3,
+      iteration=("experiments/tiny.py", ("rollout.max_new_tokens=8",))
+      if q
+      else ("experiments/smollm2.py:cpu_smoke", ()),
+    )
+  if args.batches:
+    s["batches"] = [int(b) for b in args.batches.split(",")]
+  if args.new_tokens:
+    s["new_tokens"] = args.new_tokens
+  if args.reps:
+    s.update(reps=args.reps, sampler_reps=args.reps, step_reps=args.reps)
+  return s
+
+
+def machine() -> str:
+  import jax  # pylint: disable=import-outside-toplevel
+
+  d = jax.devices()[0]
+  return (
+    f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
+    f"jax {jax.__version__} on {d.platform} ({d.device_kind}), Python {platform.python_version()}"
+  )
+
+
+# ------------------------------------------------------------------------------------- CPU
+def torch_peer(args, report):
+  from benchmarks.torch_side import TorchPeer  # pylint: disable=import-outside-toplevel
+
+  if args.no_torch:
+    return None
+  try:
+    peer = TorchPeer(args.torch_python)
+  except FileNotFoundError as e:
+    if not args.quick:
+      raise
+    print(f"(no PyTorch peer: {e})", flush=True)
+    return None
+  report.meta["torch"] = peer.info
+  return peer
+
+
+def cpu_mode(args, report) -> None:
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import sections as S  # pylint: disable=import-outside-toplevel
+  from cooper_jax import optim, steps  # pylint: disable=import-outside-toplevel
+  from cooper_jax.config import base_config  # pylint: disable=import-outside-toplevel
+  from cooper_jax.weights import load_pretrained, save_hf_dir  # pylint: disable=import-outside-toplevel
+
+  sz = sizes(args)
+  scratch = S.scratch_dir(args.workdir)
+  root = Path(scratch.name)
+  peer = None
+  try:
+    if args.quick:
+      cfg = S.tiny_cfg()
+      params = S.random_params(cfg)
+      prompts = lambda b: S.random_prompts(b, 16, cfg.vocab_size)
+      model = "tiny random llama"
+    else:
+      from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
+
+      cfg, params = load_pretrained(S.EMBEDDED)
+      tok = load_tokenizer(S.EMBEDDED)
+      prompts = lambda b: S.gsm8k_prompts(b, tok)
+      model = "SmolLM2-135M-Instruct (embedded), fp32"
+    report.meta["model"] = model
+    n_peak, peak_reps = sz["peak"]
+    peak = lambda: S.matmul_peak(n_peak, peak_reps)
+    first = peak()
+    report.extras["matmul_peak"] = first
+    print(
+      f"matmul peak: {first['flops_per_s'] / 1e9:.1f} GFLOP/s ({n_peak}-cube float32 in jax, "
+      f"best of {peak_reps})",
+      flush=True,
+    )
+    needs_peer = {"sampler", "policy_step"} & set(args.only)
+    peer = torch_peer(args, report) if needs_peer else None
+    hf_dir = None
+    if peer is not None:
+      hf_dir = str(save_hf_dir(cfg, params, root / "hf"))  # the very weights we run
+
+    if "sampler" in args.only:
+      gen = None
+      if peer is not None:
+
+        def gen(tokens, mask, pad_id, n, reps):
+          npz = peer.save_arrays(tokens=tokens, mask=mask, pad_id=pad_id)
+          return peer.call("generate", hf_dir=hf_dir, npz=npz, new_tokens=n, reps=reps)
+
+      S.sampler_section(
+        report,
+        cfg,
+        params,
+        prompts,
+        sz["batches"],
+        sz["new_tokens"],
+        gen,
+        peak,
+        args.runs,
+        sz["sampler_reps"],
+        targets={("hf", 16): 2.0, ("peak", 64): 0.6},
+        peer_label=f"HF generate (torch {report.meta['torch']['torch']})" if peer else "HF",
+      )
+      print("sampler done", flush=True)
+
+    policy_state = None
+    if "policy_step" in args.only or "checkpoint" in args.only:
+      b, p, n = sz["step"]
+      data = S.policy_batch(cfg, b, p, n)
+      step_peer = None
+      if peer is not None:
+
+        def step_peer(tokens, prompt_len, adv, reps):
+          npz = peer.save_arrays(tokens=tokens, advantages=adv)
+          return peer.call("train_step", hf_dir=hf_dir, npz=npz, prompt_len=prompt_len, reps=reps)
+
+      if "policy_step" in args.only:
+        ours = S.policy_step_section(
+          report,
+          cfg,
+          params,
+          data,
+          step_peer,
+          peak,
+          args.runs,
+          sz["step_reps"],
+          target=1.1,
+          peer_label="PyTorch fwd+bwd+AdamW",
+        )
+        policy_state = ours.state
+        print("policy_step done", flush=True)
+    if peer is not None:
+      peer.close()  # its models and optimiser state are not needed any more
+      peer = None
+
+    if "checkpoint" in args.only:
+      c = base_config()
+      if policy_state is None:
+        policy_state = steps.init_state(
+          S.copy_tree(params), optim.make_optimizer(c.policy.optim, 100)
+        )
+      if args.quick:
+        rm_cfg = cfg.replace(head="score")
+        rm_params = S.random_params(rm_cfg)
+      else:
+        rm_cfg, rm_params = load_pretrained(S.EMBEDDED, head="score")
+      rm_state = steps.init_state(rm_params, optim.make_optimizer(c.rm.optim, 100))
+      jax.block_until_ready(rm_state)
+      S.checkpoint_section(
+        report, policy_state, rm_state, args.runs, root, f"{model} + score-head RM, AdamW"
+      )
+      del rm_state
+      print("checkpoint done", flush=True)
+    del policy_state, params
+
+    if "iteration" in args.only:
+      spec, overrides = sz["iteration"]
+      S.iteration_section(report, spec, args.runs, root / "train", overrides)
+      print("iteration done", flush=True)
+  finally:
+    if peer is not None:
+      peer.close()
+    scratch.cleanup()
+
+
+# ------------------------------------------------------------------------------------- GPU
+def _recorded(rate: float, label: str):
+  """A peer side that is a recorded rate: seconds = our token count / that rate."""
+
+  def gen(tokens, mask, pad_id, n, reps):
+    b = tokens.shape[0]
+    return {"seconds": [b * n / rate], "new_tokens": n, "batch": b, "label": label}
+
+  def step(tokens, prompt_len, adv, reps):
+    return {"seconds": [tokens.size / rate], "tokens": int(tokens.size), "label": label}
+
+  return gen, step
+
+
+def trace_full_shapes(report, shapes, sz_full: dict) -> None:
+  """Lowers (traces to StableHLO, no compile) the full-size sampler and policy step of each
+  shape from abstract values: the shapes check out without the memory or a GPU."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  from benchmarks.sections import one_device_mesh  # pylint: disable=import-outside-toplevel
+  from cooper_jax import optim, steps  # pylint: disable=import-outside-toplevel
+  from cooper_jax.config import base_config  # pylint: disable=import-outside-toplevel
+  from cooper_jax.models.transformer import init_params  # pylint: disable=import-outside-toplevel
+  from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
+
+  out = {}
+  b, p, n = sz_full["batch"], sz_full["prompt"], sz_full["new_tokens"]
+  rows, sp, sn = sz_full["step"]
+  c = base_config()
+  c.policy.loss.kl_coef = 0.0
+  opt = optim.make_optimizer(c.policy.optim, 100)
+  for name, cfg in shapes.items():
+    t0 = time.perf_counter()
+    params = jax.eval_shape(lambda k, cfg=cfg: init_params(cfg, k), jax.random.key(0))
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+    bools = lambda *s: jax.ShapeDtypeStruct(s, jnp.bool_)
+    sample.lower(
+      params, i32(b, p), bools(b, p), jax.random.key(0), cfg=cfg, max_new_tokens=n, eos_ids=()
+    )
+    step_cfg = cfg.replace(param_dtype="float32", remat=True)
+    sparams = jax.eval_shape(lambda k, cfg=step_cfg: init_params(cfg, k), jax.random.key(0))
+    state = jax.eval_shape(lambda pr: steps.init_state(pr, opt), sparams)
+    batch = {
+      "prompt_tokens": i32(rows, sp),
+      "prompt_mask": bools(rows, sp),
+      "response_tokens": i32(rows, sn),
+      "response_mask": bools(rows, sn),
+      "advantages": jax.ShapeDtypeStruct((rows,), jnp.float32),
+    }
+    fn = steps.make_policy_step(step_cfg, c.policy.loss, opt, one_device_mesh(), state, batch)
+    fn.lower(state, batch)
+    out[name] = {"lowered_s": time.perf_counter() - t0, "params": cfg.num_params()}
+    print(f"{name}: full-size sampler and policy_step lower OK ({out[name]['lowered_s']:.1f} s)")
+  report.extras["full_shapes_lowered"] = out
+
+
+def gpu_mode(args, report) -> None:
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import sections as S  # pylint: disable=import-outside-toplevel
+
+  sz = sizes(args)
+  if jax.default_backend() != "gpu":
+    print(f"WARNING: jax backend is {jax.default_backend()!r}, not 'gpu'; peers are an H200")
+  shapes = S.gpu_shapes()
+  if args.quick:
+    full = dict(batch=256, prompt=256, new_tokens=512, step=(16, 512, 512))
+    trace_full_shapes(report, shapes, full)
+    tiny = dict(
+      vocab_size=1024, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128
+    )
+    shapes = {k: v.replace(**tiny) for k, v in shapes.items()}
+  n_peak, peak_reps = sz["peak"]
+  dtype = jnp.float32 if args.quick else jnp.bfloat16  # bf16 matmuls crawl on a CPU
+  peak = lambda: S.matmul_peak(n_peak, peak_reps, dtype)
+  report.extras["matmul_peak"] = peak()
+  for name, cfg in shapes.items():
+    gen = _recorded(H200_GENERATE[name], "HF generate, H200 (recorded)")[0]
+    step = _recorded(H200_STEP[name], "PyTorch step, H200 (recorded)")[1]
+    if "sampler" in args.only:
+      params = S.random_params(cfg)
+      S.sampler_section(
+        report,
+        cfg,
+        params,
+        lambda b, cfg=cfg: S.random_prompts(b, sz["prompt"], cfg.vocab_size),
+        sz["batches"],
+        sz["new_tokens"],
+        gen,
+        peak,
+        args.runs,
+        sz["reps"],
+        name=name,
+        targets={("hf", 256): 30.0},
+        peer_label="HF generate H200 (recorded)",
+      )
+      del params
+    if "policy_step" not in args.only:
+      continue
+    b, p, n = sz["step"]
+    step_cfg = cfg.replace(param_dtype="float32", remat=True)  # mixed precision, as the paper
+    sparams = S.random_params(step_cfg)
+    S.policy_step_section(
+      report,
+      step_cfg,
+      sparams,
+      S.policy_batch(step_cfg, b, p, n),
+      step,
+      peak,
+      args.runs,
+      sz["reps"],
+      name=name,
+      peer_label="PyTorch step H200 (recorded)",
+    )
+    del sparams
+    # MFU against the datasheet peak (how the peer numbers were quoted), from the same runs.
+    vs_peak = report.figures[-1]
+    mfu = report.figure(
+      key=f"{name}_policy_step_mfu",
+      label=f"{name} policy_step: MFU (model FLOP/s / 989 TFLOP/s bf16 datasheet)",
+      unit="GFLOP/s",
+      ours_label="policy_step",
+      peer_label="datasheet",
+      target=0.45 if name == "qwen2.5-1.5b" else None,
+    )
+    for r in vs_peak.runs:
+      mfu.add_run(r["ours"], H200_BF16_PEAK / 1e9, r["load1"])
+  for f in report.figures:
+    if f.peer_label.endswith("(recorded)"):
+      f.notes.append("peer side is a recorded number (../shared/docs/gpu-and-peers.md), not rerun")
+  report.meta["absolute_targets"] = "sampler >= 100k new tok/s (135M), 60k (1.5B) on an H200"
+
+
+# ------------------------------------------------------------------------------------ main
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  if not args.gpu:
+    # The CPU mode times the CPU: keep jax off any other backend it may find (and libtpu's
+    # start-up probing out of the output).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  try:
+    # Quick mode is a smoke check, never a figure: a busy machine marks it, never stops it.
+    loads, noisy = harness.load_gate(args.allow_noisy, refuse=not args.quick)
+  except harness.NoisyMachine as e:
+    print(f"refusing to time: {e}", file=sys.stderr)
+    return 2
+  print(
+    f"load average at start: {loads[0]:.2f} {loads[1]:.2f} {loads[2]:.2f} (1/5/15 min, "
+    f"{os.cpu_count()} cores)" + (" -> NOISY" if noisy else ""),
+    flush=True,
+  )
+  report = harness.Report(
+    f"cooper_jax benchmarks ({args.name})",
+    {
+      "mode": "gpu" if args.gpu else "cpu",
+      "quick": args.quick,
+      "noisy": noisy,
+      "loadavg_start": list(loads),
+      "runs": args.runs,
+      "sections": args.only,
+      "argv": sys.argv[1:] if argv is None else list(argv),
+      "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    },
+  )
+  report.meta["machine"] = machine()
+  t0 = time.perf_counter()
+  (gpu_mode if args.gpu else cpu_mode)(args, report)
+  report.meta["wall_s"] = time.perf_counter() - t0
+  print()
+  print(report.markdown())
+  path = report.write_json(args.out)
+  print(f"\nwrote {path}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

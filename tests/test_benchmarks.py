@@ -1,0 +1,196 @@
+"""benchmarks/: the table and JSON have their structure, and every ratio is ours / peer from the
+two sides' own measurements (fake peers and clocks here); nothing is asserted to be fast."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+  sys.path.insert(0, str(ROOT))
+
+from benchmarks import harness, run, sections  # noqa: E402
+
+
+def fake_clock(*steps):
+  """A clock that advances by the given steps, one per reading pair (start, end)."""
+  t = [0.0]
+  seq = iter(x for s in steps for x in (0.0, s))
+
+  def clock():
+    t[0] += next(seq)
+    return t[0]
+
+  return clock
+
+
+def test_time_calls_uses_the_clock():
+  assert harness.time_calls(lambda: None, 3, clock=fake_clock(2.0, 1.0, 3.0)) == [2.0, 1.0, 3.0]
+
+
+def test_load_gate():
+  busy = lambda: (3.5, 1.0, 1.0)
+  with pytest.raises(harness.NoisyMachine, match="--allow-noisy"):
+    harness.load_gate(False, load_fn=busy)
+  assert harness.load_gate(True, load_fn=busy) == ((3.5, 1.0, 1.0), True)
+  assert harness.load_gate(False, load_fn=busy, refuse=False)[1] is True
+  assert harness.load_gate(False, load_fn=lambda: (0.5, 0.4, 0.3))[1] is False
+
+
+def test_figure_ratios_worst_and_target():
+  speed = harness.Figure("s", "speed", "tok/s", "ours", "peer", target=2.0)
+  for ours, peer in ((300.0, 100.0), (150.0, 100.0), (250.0, 100.0)):
+    speed.add_run(ours, peer, load=1.0)
+  assert speed.ratios == [3.0, 1.5, 2.5]
+  assert speed.worst_ratio == 1.5 and speed.meets_target is False
+  over = harness.Figure("o", "overhead", "s", "cooper", "rule", higher_is_better=False, target=1.3)
+  over.add_run(12.0, 10.0, load=3.0)
+  over.add_run(11.0, 10.0, load=0.5)
+  assert over.worst_ratio == pytest.approx(1.2) and over.meets_target is True
+  assert [r["noisy"] for r in over.runs] == [True, False]
+  with pytest.raises(ValueError):
+    over.add_run(1.0, 0.0, load=0.0)
+
+
+def test_report_markdown_and_json(tmp_path):
+  rep = harness.Report("bench", {"quick": True, "noisy": False, "loadavg_start": [1.0, 1, 1]})
+  f = rep.figure(key="k", label="thing", unit="tok/s", ours_label="we", peer_label="they")
+  f.add_run(20.0, 10.0, load=1.0)
+  f.notes.append("a note")
+  rep.figure(key="empty", label="not run", unit="s", ours_label="we", peer_label="they")
+  rep.add_table("breakdown", ["a", "b"], [[1, 2.5]])
+  md = rep.markdown()
+  assert "QUICK" in md and "NOISY" not in md
+  assert "| thing | we: 20.00 tok/s | they: 10.00 tok/s | 2.00 | 2.00x |" in md
+  assert "we: not run" in md and "### breakdown" in md and "| 1 | 2.5 |" in md
+  d = json.loads(rep.write_json(tmp_path / "sub" / "b.json").read_text())
+  assert set(d) == {"name", "noisy", "meta", "figures", "extras", "tables"}
+  assert d["figures"][0]["runs"][0]["ratio"] == 2.0 and d["figures"][0]["worst_ratio"] == 2.0
+  assert d["figures"][1]["runs"] == [] and d["figures"][1]["worst_ratio"] is None
+
+
+def test_flop_counts_follow_the_shape():
+  cfg = sections.gpu_shapes()["smollm2-135m"]
+  # ~2 x 134.5M params per generated token (the issue's 0.27 GFLOP), plus attention.
+  f = sections.sample_flops(cfg, [1], 1)
+  assert 0.26e9 < f["decode"] < 0.28e9
+  # One training token is three forwards of the decode of one token with nothing before it.
+  one = sections.sample_flops(cfg, [0], 1)["decode"]
+  assert sections.step_flops(cfg, 1, 0, 1) == pytest.approx(3 * one)
+
+
+def _fake_peak():
+  return {"flops_per_s": 100e9, "seconds": [0.1]}
+
+
+def test_sampler_section_pairs_ours_with_the_peer():
+  cfg = sections.tiny_cfg()
+  params = sections.random_params(cfg)
+  calls = []
+
+  def peer(tokens, mask, pad_id, n, reps):
+    calls.append((tokens.shape, n, reps))
+    return {"seconds": [2.0, 1.0][:reps], "new_tokens": n, "batch": tokens.shape[0]}
+
+  rep = harness.Report("t", {})
+  sections.sampler_section(
+    rep,
+    cfg,
+    params,
+    lambda b: sections.random_prompts(b, 8, cfg.vocab_size),
+    [2],
+    4,
+    peer,
+    _fake_peak,
+    runs=2,
+    reps=2,
+    targets={("hf", 2): 2.0},
+  )
+  assert calls == [((2, 8), 4, 2)] * 2
+  hf, peak = rep.figures
+  assert hf.target == 2.0 and len(hf.runs) == 2 and len(peak.runs) == 2
+  for r in hf.runs:
+    assert r["peer"] == 2 * 4 / 1.0  # the peer's best call
+    assert r["ours"] == pytest.approx(2 * 4 / min(r["ours_seconds"]))
+    assert r["ratio"] == pytest.approx(min(r["peer_seconds"]) / min(r["ours_seconds"]))
+  flops = rep.extras["sampler"]["b2"]["flops"]["total"]
+  assert peak.runs[0]["ours"] == pytest.approx(flops / min(peak.runs[0]["ours_seconds"]) / 1e9)
+  assert peak.runs[0]["peer"] == 100.0
+
+
+def test_policy_step_and_checkpoint_sections(tmp_path):
+  cfg = sections.tiny_cfg()
+  params = sections.random_params(cfg)
+  data = sections.policy_batch(cfg, 2, 4, 4)
+
+  def peer(tokens, prompt_len, adv, reps):
+    assert tokens.shape == (2, 8) and prompt_len == 4 and adv.shape == (2,)
+    return {"seconds": [0.5] * reps, "tokens": tokens.size}
+
+  rep = harness.Report("t", {})
+  ours = sections.policy_step_section(rep, cfg, params, data, peer, _fake_peak, 1, 2, target=1.1)
+  r = rep.figures[0].runs[0]
+  assert r["peer"] == 16 / 0.5 and r["ratio"] == pytest.approx(r["ours"] / r["peer"])
+  assert int(ours.state["step"]) == 4  # two untimed warm-up steps + two timed
+
+  from cooper_jax import optim, steps  # pylint: disable=import-outside-toplevel
+  from cooper_jax.config import base_config  # pylint: disable=import-outside-toplevel
+
+  rm_cfg = cfg.replace(head="score")
+  rm_state = steps.init_state(
+    sections.random_params(rm_cfg), optim.make_optimizer(base_config().rm.optim, 10)
+  )
+  sections.checkpoint_section(rep, ours.state, rm_state, 1, tmp_path, "tiny")
+  save, restore = rep.figures[-2:]
+  assert save.key == "checkpoint_save" and not save.higher_is_better and len(save.runs) == 1
+  assert restore.runs[0]["ratio"] == pytest.approx(
+    restore.runs[0]["ours"] / restore.runs[0]["peer"]
+  )
+  assert not list(tmp_path.iterdir())  # each run's files are removed
+
+
+def test_iteration_section_pairs_steady_steps(tmp_path):
+  step_s = {"rule": [30.0, 10.0, 11.0], "cooper": [40.0, 12.0, 15.0]}
+
+  def fake_train(spec, mode, steps, workdir, overrides):
+    assert steps == 3 and spec == "experiments/tiny.py"
+    rows = []
+    for i, s in enumerate(step_s[mode]):
+      m = {"time/step_s": s, "time/sample_s": s / 2, "time/rm_s": 1.0 if mode == "cooper" else 0}
+      if mode == "cooper":
+        m["rm_train/updated"] = float(i == 2)
+      rows.append(m)
+    return rows
+
+  rep = harness.Report("t", {})
+  sections.iteration_section(rep, "experiments/tiny.py", 2, tmp_path, run_train=fake_train)
+  (fig,) = rep.figures
+  assert fig.ratios == [pytest.approx(1.2), pytest.approx(15 / 11)]  # step 1 (compile) unused
+  assert fig.worst_ratio == pytest.approx(15 / 11) and fig.meets_target is False
+  assert any("first RM update" in n for n in fig.notes)
+  ((title, header, rows),) = rep.tables
+  assert header[-1] == "cooper - rule" and ["3", "time/rm_s", "0", "1.00", "+1.00"] in rows
+
+
+def test_cli_sizes():
+  a = run.parse_args(["--quick"])
+  assert a.runs == 3 and a.name == "cpu_quick" and a.out.endswith("results/bench/cpu_quick.json")
+  assert run.sizes(a)["batches"] == [2, 4]
+  full = run.sizes(run.parse_args([]))
+  assert full["batches"] == [16, 64] and full["new_tokens"] == 128 and full["step"] == (8, 128, 128)
+  g = run.sizes(run.parse_args(["--gpu"]))
+  assert g["batches"] == [256] and g["prompt"] == 256 and g["new_tokens"] == 512
+  assert g["step"] == (16, 512, 512)
+  with pytest.raises(SystemExit):
+    run.parse_args(["--only", "nope"])
+
+
+def test_recorded_peer_reproduces_its_rate():
+  gen, step = run._recorded(1000.0, "x")
+  out = gen(np.zeros((4, 3), np.int32), None, 0, 50, 1)
+  assert 4 * 50 / min(out["seconds"]) == pytest.approx(1000.0)
+  out = step(np.zeros((2, 10), np.int32), 5, None, 1)
+  assert out["tokens"] / min(out["seconds"]) == pytest.approx(1000.0)
