@@ -3,7 +3,12 @@ directory, written atomically (Orbax renames a finished temporary directory into
 
 On top of Orbax, every finished step gets a manifest (size + sha256 of every file). Restore
 checks it first, so a truncated or bit-rotted checkpoint fails with an error naming the file,
-and `restore_latest` falls back to the newest step that verifies.
+and `restore_latest` moves such a step aside (into `<checkpoints>.corrupt/`, kept for a look)
+and falls back to the newest step that verifies, so the run can save that step again.
+
+Paths go through etils `epath` (as Orbax does), so a run directory may be `gs://...`. In an
+N-process run every process calls save/restore (Orbax writes each process's shards and
+syncs them); the manifest is hashed, written and checked by the primary process only.
 """
 
 from __future__ import annotations
@@ -13,14 +18,16 @@ import hashlib
 import json
 import logging
 import os
-from pathlib import Path
+import time
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
-from cooper_jax.io import atomic_write_json
+from cooper_jax import distributed as dist
 from cooper_jax.models.config import ModelConfig
+from cooper_jax.paths import as_path, write_text
 
 MANIFEST = "cooper_manifest.json"
 
@@ -29,20 +36,26 @@ class CheckpointCorrupt(RuntimeError):
   """A checkpoint step whose files do not match its manifest, or that Orbax cannot read."""
 
 
-def _manifest(step_dir: Path) -> dict[str, list]:
+def _files(step_dir: epath.Path) -> list[epath.Path]:
+  """Every file under step_dir (epath refuses `**` globs: one listing per directory here)."""
+  return sorted(root / f for root, _, files in step_dir.walk() for f in files)
+
+
+def _manifest(step_dir: epath.Path) -> dict[str, list]:
   out = {}
-  for f in sorted(step_dir.rglob("*")):
-    if f.is_file() and f.name != MANIFEST:
+  for f in _files(step_dir):
+    if f.name != MANIFEST:
       h = hashlib.sha256()
-      with open(f, "rb") as fh:
+      with f.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
           h.update(chunk)
-      out[str(f.relative_to(step_dir))] = [f.stat().st_size, h.hexdigest()]
+      out[str(f.relative_to(step_dir))] = [f.stat().length, h.hexdigest()]
   return out
 
 
-def verify_step_dir(step_dir: Path) -> None:
+def verify_step_dir(step_dir: str | os.PathLike) -> None:
   """Raises CheckpointCorrupt naming the first missing/short/changed file."""
+  step_dir = as_path(step_dir)
   mpath = step_dir / MANIFEST
   if not mpath.exists():
     raise CheckpointCorrupt(f"{step_dir}: no {MANIFEST} (save did not finish)")
@@ -51,9 +64,9 @@ def verify_step_dir(step_dir: Path) -> None:
     f = step_dir / rel
     if not f.exists():
       raise CheckpointCorrupt(f"{step_dir}: missing file {rel}")
-    if f.stat().st_size != size:
+    if f.stat().length != size:
       raise CheckpointCorrupt(
-        f"{step_dir}: {rel} has {f.stat().st_size} bytes, expected {size} (truncated?)"
+        f"{step_dir}: {rel} has {f.stat().length} bytes, expected {size} (truncated?)"
       )
   have = _manifest(step_dir)
   for rel, (size, digest) in want.items():
@@ -71,24 +84,28 @@ def _abstract(tree):
 class CheckpointStore:
   """Holds the Orbax CheckpointManager for one run directory (real state: the manager)."""
 
-  def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3):
-    self.directory = Path(directory).absolute()
+  def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, async_save: bool = False):
+    self.directory = as_path(directory)
     self.manager = ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
       ),
       item_names=("policy", "rm", "meta"),
     )
+    self._unsealed: list[int] = []  # saved steps whose manifest is not written yet
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
-  def step_dir(self, step: int) -> Path:
+  def step_dir(self, step: int) -> epath.Path:
     return self.directory / str(step)
 
-  def save(self, step: int, policy_state, rm_state, meta: dict[str, Any]) -> Path:
-    """Saves everything for `step`; rm_state may be None (rule mode)."""
+  def save(self, step: int, policy_state, rm_state, meta: dict[str, Any]) -> epath.Path:
+    """Saves everything for `step`; rm_state may be None (rule mode). Every process calls it.
+    With async saving it returns once the arrays are copied off the devices; the manifest
+    follows when the write has finished (at the next save, or `finish`)."""
+    self.finish()
     items = {
       "policy": ocp.args.StandardSave(policy_state),
       "meta": ocp.args.JsonSave(dict(meta, step=int(step), has_rm=rm_state is not None)),
@@ -96,10 +113,23 @@ class CheckpointStore:
     if rm_state is not None:
       items["rm"] = ocp.args.StandardSave(rm_state)
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    self._unsealed.append(int(step))
+    if not self.manager.is_saving_in_progress():
+      self.finish()
+    return self.step_dir(step)
+
+  def finish(self) -> None:
+    """Waits for pending saves and writes their manifests (primary), then syncs processes."""
+    if not self._unsealed:
+      return
     self.manager.wait_until_finished()
-    step_dir = self.step_dir(step)
-    atomic_write_json(step_dir / MANIFEST, _manifest(step_dir), sort_keys=True)
-    return step_dir
+    if dist.is_primary():
+      for step in self._unsealed:
+        step_dir = self.step_dir(step)
+        if step_dir.exists():  # max_to_keep may already have removed it
+          write_text(step_dir / MANIFEST, json.dumps(_manifest(step_dir), sort_keys=True))
+    self._unsealed = []
+    dist.barrier("cooper_checkpoint_manifest")
 
   def restore(self, step: int, policy_target, rm_target) -> tuple[Any, Any, dict]:
     """Restores one step into the shapes/shardings of the given targets (rm_target may be None)."""
@@ -121,20 +151,53 @@ class CheckpointStore:
       raise CheckpointCorrupt(f"{step_dir}: cannot be restored: {type(e).__name__}: {e}") from e
     return out["policy"], out.get("rm") if rm_target is not None else None, meta
 
+  def _verified(self, step: int) -> str | None:
+    """None if `step` matches its manifest, else why not; hashed by the primary only (every
+    process would read every byte otherwise) and agreed by all."""
+    err = None
+    if dist.is_primary():
+      try:
+        verify_step_dir(self.step_dir(step))
+      except CheckpointCorrupt as e:
+        err = str(e)
+    if dist.process_count() > 1 and dist.any_process(err is not None) and err is None:
+      err = f"{self.step_dir(step)}: the primary process found it corrupt (see its log)"
+    return err
+
   def restore_latest(self, policy_target, rm_target):
-    """Newest step that verifies and restores; logs each bad one. None if there is no step."""
+    """Newest step that verifies and restores; each bad one is logged and moved aside so the
+    run can save that step again. None if there is no step."""
     errors = []
     for step in reversed(self.steps()):
-      try:
-        return self.restore(step, policy_target, rm_target)
-      except CheckpointCorrupt as e:
-        logging.error("checkpoint step %d is unusable, trying an older one: %s", step, e)
-        errors.append(str(e))
+      err = self._verified(step)
+      if err is None:
+        try:
+          out = self.restore(step, policy_target, rm_target)
+        except CheckpointCorrupt as e:
+          out, err = None, str(e)
+        if not dist.any_process(err is not None):
+          return out
+        err = err or f"{self.step_dir(step)}: another process could not restore it"
+      logging.error("checkpoint step %d is unusable, trying an older one: %s", step, err)
+      errors.append(f"{err} (moved to {self._move_aside(step)})")
     if errors:
       raise CheckpointCorrupt(f"no usable checkpoint in {self.directory}: " + " | ".join(errors))
     return None
 
+  def _move_aside(self, step: int) -> epath.Path:
+    """Moves a corrupt step out of Orbax's view (kept, for inspection); returns where to."""
+    aside = self.directory.parent / f"{self.directory.name}.corrupt"
+    dest = aside / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if dist.is_primary():
+      aside.mkdir(parents=True, exist_ok=True)
+      self.step_dir(step).rename(dest)
+      logging.error("checkpoint step %d moved aside to %s", step, dest)
+    dist.barrier("cooper_checkpoint_move_aside")
+    self.manager.reload()
+    return dest
+
   def close(self):
+    self.finish()
     self.manager.close()
 
 
@@ -144,7 +207,7 @@ def model_cfg_to_meta(cfg: ModelConfig) -> dict:
 
 def load_policy_for_eval(run_dir: str | os.PathLike, step: int | None = None):
   """(ModelConfig, params, tokenizer source) of a training run's policy, for evaluation."""
-  run_dir = Path(run_dir)
+  run_dir = as_path(run_dir)
   ckpt_dir = run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
   store = CheckpointStore(ckpt_dir)
   steps = store.steps()

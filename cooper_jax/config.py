@@ -156,6 +156,23 @@ def base_config() -> ml_collections.ConfigDict:
     eval_max_new_tokens=256,
     checkpoint_every=25,
     max_to_keep=3,
+    # Save in a background thread (Orbax async): the next step starts while the arrays are
+    # written; the manifest of a step is written once its save has finished.
+    async_checkpoint=False,
+  )
+
+  # The JAX distributed runtime (cooper_jax/distributed.py). "auto": joins when a coordinator
+  # address is given or on a host of a multi-host TPU slice; "on": always (jax detects Cloud
+  # TPU, SLURM, Open MPI); "off": one process. Unset address / count / id: detected by jax.
+  c.distributed = dict(
+    mode="auto",
+    coordinator_address="",
+    num_processes=0,
+    process_id=-1,
+    initialization_timeout_s=300,
+    # A process that stops answering for this long fails the others (instead of a hang).
+    heartbeat_timeout_s=100,
+    shutdown_timeout_s=300,
   )
   return c
 

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from cooper_jax import distributed as dist
+from cooper_jax import sharding
 from cooper_jax.checkpoint import load_policy_for_eval
 from cooper_jax.data import load_qa
 from cooper_jax.io import atomic_write, atomic_write_json
@@ -74,6 +76,7 @@ def _eval_benchmark(
   pad_multiple,
   deadline_s,
   chat,
+  mesh=None,
 ):
   n_q = len(rows)
   prompts = build_prompts(tokenizer, [r["question"] for r in rows], suffix, chat)
@@ -94,13 +97,17 @@ def _eval_benchmark(
   bar = tqdm(total=n_roll, desc=f"sample {name}", unit="rollout", dynamic_ncols=True)
   for bi, idx, real in padded_batches(order, batch_size):
     start = bi * batch_size
-    tokens, mask = jnp.asarray(q_tok[idx]), jnp.asarray(q_mask[idx])
+    if mesh is None:
+      tokens, mask = jnp.asarray(q_tok[idx]), jnp.asarray(q_mask[idx])
+    else:  # global arrays over the run's mesh, the same prompts on every process
+      bs = sharding.batch_sharding(mesh)
+      tokens, mask = dist.put_global(q_tok[idx], bs), dist.put_global(q_mask[idx], bs)
     key = jax.random.fold_in(rng, bi)
     fn, dt = _compiled_sampler(cfg, params, tokens, mask, key, **static)
     compile_s += dt
     t0 = time.perf_counter()
     out = fn(params, tokens, mask, key)
-    toks, m = np.asarray(out.tokens), np.asarray(out.mask)
+    toks, m = dist.fetch(out.tokens), dist.fetch(out.mask)
     sample_s += time.perf_counter() - t0
     toks_all[start : start + real], mask_all[start : start + real] = toks[:real], m[:real]
     bar.update(real)
@@ -177,6 +184,7 @@ def evaluate_model(
   deadline_s: float = 5.0,
   chat: bool = True,
   n_resamples: int = 1000,
+  mesh=None,
 ) -> dict:
   """pass@1 averaged over `samples` per problem, per benchmark and averaged over benchmarks.
 
@@ -184,6 +192,8 @@ def evaluate_model(
   `.verify(completions, references, deadline_s)` returning correct/status/pred/counts; None
   starts (and closes) a RuleVerifier. Returns a JSON-ready dict; per-rollout records are under
   result["records"][name] (write_outputs puts them in samples.jsonl, not results.json).
+  mesh: sample over this mesh (params sharded on it, as in a multi-process training run);
+  batch_size is then rounded up to a multiple of its data x fsdp size.
   """
   if samples < 1 or batch_size < 1 or max_new_tokens < 1:
     raise ValueError("samples, batch_size and max_new_tokens must be >= 1")
@@ -191,6 +201,9 @@ def evaluate_model(
     raise ValueError("every benchmark needs at least one row")
   if temperature == 0 and samples > 1:
     logger.warning("greedy decoding with samples=%d: the samples will be identical", samples)
+  if mesh is not None:
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    batch_size = -(-batch_size // shards) * shards
   own = verifier is None
   if own:
     verifier = RuleVerifier()
@@ -233,6 +246,7 @@ def evaluate_model(
         pad_multiple=pad_multiple,
         deadline_s=deadline_s,
         chat=chat,
+        mesh=mesh,
       )
       res["ci95"] = list(bootstrap_ci(res["per_problem_acc"], n_resamples, seed))
       out["benchmarks"][name], out["records"][name] = res, recs

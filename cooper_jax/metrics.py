@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-from pathlib import Path
 
 import numpy as np
 
-from cooper_jax.io import atomic_write_text
+from cooper_jax.paths import as_path, is_remote, write_text
 from cooper_jax.stats import precision_recall
 
 
@@ -34,32 +34,44 @@ def reward_hacking_monitors(rm_reward_b: np.ndarray, correct_b: np.ndarray) -> d
 
 
 class MetricsWriter:
-  """Appends one JSON object per step to metrics.jsonl and mirrors scalars to TensorBoard."""
+  """Appends one JSON object per step to metrics.jsonl and mirrors scalars to TensorBoard.
 
-  def __init__(self, workdir: str | os.PathLike, resume_step: int = 0):
-    self.path = Path(workdir) / "metrics.jsonl"
+  `active=False` (every process but the primary in a multi-process run) writes nothing. The
+  workdir may be a URI (gs://...): objects cannot be appended to, so there the whole file is
+  rewritten at every step (a few MB at most, next to a step's seconds to minutes)."""
+
+  def __init__(self, workdir: str | os.PathLike, resume_step: int = 0, active: bool = True):
+    self.active, self.remote = active, is_remote(workdir)
+    self.path = as_path(workdir) / "metrics.jsonl"
+    self.file = self.tb = None
+    self._lines: list[str] = []
+    if not active:
+      return
     self.path.parent.mkdir(parents=True, exist_ok=True)
     self._drop_after(resume_step)
-    self.file = open(self.path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+    if not self.remote:
+      self.file = open(self.path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
     try:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
 
-      self.tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
-    except ImportError:
-      self.tb = None
+      self.tb = SummaryWriter(str(self.path.parent / "tensorboard"))
+    except Exception as e:  # noqa: BLE001 - no tensorboardX, or no writer for this scheme
+      logging.warning("no TensorBoard logs (%s: %s); metrics.jsonl has everything", type(e), e)
 
   def _drop_after(self, step: int) -> None:
     """On resume, lines logged after the restored checkpoint are replaced, not duplicated."""
     if not self.path.exists():
       return
-    keep = [
+    self._lines = [
       l
       for l in self.path.read_text().splitlines()
       if l.strip() and json.loads(l).get("step", 0) <= step
     ]
-    atomic_write_text(self.path, "".join(l + "\n" for l in keep))
+    write_text(self.path, "".join(l + "\n" for l in self._lines))
 
   def write(self, step: int, metrics: dict) -> None:
+    if not self.active:
+      return
     row = {"step": int(step)}
     for k, v in metrics.items():
       v = (
@@ -71,15 +83,21 @@ class MetricsWriter:
       row[k] = v
       if self.tb is not None and isinstance(v, float) and math.isfinite(v):
         self.tb.add_scalar(k, v, step)
-    self.file.write(json.dumps(row) + "\n")
-    self.file.flush()
+    line = json.dumps(row)
+    if self.file is not None:
+      self.file.write(line + "\n")
+      self.file.flush()
+    else:
+      self._lines.append(line)
+      write_text(self.path, "".join(l + "\n" for l in self._lines))
 
   def close(self) -> None:
-    self.file.close()
+    if self.file is not None:
+      self.file.close()
     if self.tb is not None:
       self.tb.close()
 
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict]:
-  path = Path(workdir) / "metrics.jsonl"
+  path = as_path(workdir) / "metrics.jsonl"
   return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]

@@ -9,6 +9,11 @@
 The reward at step t comes from the RM as it was before step t's RM update (paper, and the
 reference code). The RM modes also log the reward-hacking monitors and, given held-out pairs,
 the RM's pair accuracy at every evaluation.
+
+In an N-process run each process holds its own whole groups of rollouts (`Rollouts.index`):
+it scores them and builds their pairs; the RM inputs enter the jitted functions as global
+arrays; `rewards` returns the whole batch's rewards and every metric is over the whole batch,
+so all processes agree (cooper_jax/distributed.py).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import logging
 import jax
 import numpy as np
 
+from cooper_jax import distributed as dist
 from cooper_jax import optim, sharding, steps
 from cooper_jax.io import read_jsonl
 from cooper_jax.metrics import reward_hacking_monitors
@@ -40,6 +46,12 @@ class Rollouts:
   refs: list[str]  # per rollout
   texts: list[str]  # decoded responses
   correct: np.ndarray  # bool, the rule verifier's verdict per rollout
+  index: np.ndarray  # row of each rollout in the step's global batch (this process's rows)
+  n_total: int  # rollouts in the global batch (all processes)
+
+  def gather(self, local_values) -> np.ndarray:
+    """The whole batch's values from every process's values for its own rollouts."""
+    return dist.gather_rows(self.index, local_values, self.n_total)
 
 
 class RuleReward:
@@ -48,7 +60,8 @@ class RuleReward:
   state = None  # no RM train state to checkpoint
 
   def rewards(self, ro: Rollouts) -> tuple[np.ndarray, dict]:
-    return ro.correct.astype(np.float32), {}
+    """(reward of every rollout of the global batch, metrics)."""
+    return ro.gather(ro.correct).astype(np.float32), {}
 
   def update(self, ro: Rollouts, step: int) -> dict:
     del ro, step
@@ -76,19 +89,31 @@ class StaticRMReward(RuleReward):
     )
     self.eval_pairs = _read_rm_eval_pairs(c.data.rm_eval_pairs) if c.data.rm_eval_pairs else None
 
-  def score(self, questions, refs, texts) -> tuple[np.ndarray, int]:
-    """(reward in (0, 1) per text, number of RM inputs cut to rm.max_len)."""
+  def score(self, questions, refs, texts, n_total: int | None = None) -> tuple[np.ndarray, int]:
+    """(reward in (0, 1) per text, number of RM inputs cut to rm.max_len). n_total=None: the
+    texts are the same on every process (held-out pairs); else they are this process's rows
+    of a batch of n_total, and the rewards returned are those rows'."""
     tok, mask, cut = encode_rm_inputs(
       self.tokenizer, questions, refs, texts, self.c.rm.max_len, pad_to_multiple=RM_PAD_MULTIPLE
     )
     bs = sharding.batch_sharding(self.mesh)
-    r = self.reward_fn(self.state["params"], jax.device_put(tok, bs), jax.device_put(mask, bs))
-    return np.asarray(r), int(cut.sum())
+    if n_total is None:
+      tok, mask = dist.put_global(tok, bs), dist.put_global(mask, bs)
+    else:
+      width = dist.max_over_processes(tok.shape[1])  # one width for the global array
+      tok, mask = (
+        dist.put_local_rows(x, bs, (n_total, width))
+        for x in _left_pad_to(tok, mask, width, self.tokenizer.pad_id)
+      )
+    r = self.reward_fn(self.state["params"], tok, mask)
+    r = dist.fetch(r) if n_total is None else dist.fetch_local_rows(r)
+    return r, int(cut.sum())
 
   def rewards(self, ro: Rollouts) -> tuple[np.ndarray, dict]:
-    r, n_trunc = self.score(ro.questions, ro.refs, ro.texts)
-    m = reward_hacking_monitors(r, ro.correct)
-    m["rm/inputs_truncated"] = n_trunc
+    r, n_trunc = self.score(ro.questions, ro.refs, ro.texts, ro.n_total)
+    r, correct = ro.gather(r), ro.gather(ro.correct)
+    m = reward_hacking_monitors(r, correct)
+    m["rm/inputs_truncated"] = int(dist.sum_over_processes(n_trunc))
     return r, m
 
   def evaluate(self) -> dict:
@@ -123,7 +148,12 @@ class CooperReward(StaticRMReward):
     self._rm_step = None
 
   def update(self, ro: Rollouts, step: int) -> dict:
+    """One RM step on pairs from this process's groups (every process takes part)."""
     c = self.c
+    group = c.rollout.group_size
+    first_prompt = int(ro.index[0]) // group
+    # One process: the draws of a 1-process run as before. N: each process its own stream.
+    seed = [c.seed, step] if dist.process_count() == 1 else [c.seed, step, first_prompt]
     pairs, stats = build_pairs(
       [r["question"] for r in ro.rows],
       [r["answer"] for r in ro.rows],
@@ -133,20 +163,24 @@ class CooperReward(StaticRMReward):
       self.negatives,
       self.verifier,
       strategy=c.pairs.positive,
-      rng=np.random.default_rng([c.seed, step]),
+      rng=np.random.default_rng(seed),
       max_tries=c.pairs.max_tries,
       deadline_s=c.verifier.deadline_s,
       accept_no_answer=c.pairs.accept_no_answer,
     )
+    reasons = list(stats["rejects"])
+    counts = [stats["n_valid"], stats["n_prompts"], stats["negative_tries"]]
+    counts = dist.sum_over_processes(np.asarray(counts + [stats["rejects"][k] for k in reasons]))
+    n_valid, n_prompts, tries, rejects = int(counts[0]), int(counts[1]), counts[2], counts[3:]
     m = {
-      "pairs/valid_rate": stats["valid_pair_rate"],
-      "pairs/n_valid": stats["n_valid"],
-      "pairs/negative_tries": stats["negative_tries"],
+      "pairs/valid_rate": n_valid / n_prompts if n_prompts else 0.0,
+      "pairs/n_valid": n_valid,
+      "pairs/negative_tries": int(tries),
     }
-    m.update({f"pairs/reject_{k}": v for k, v in stats["rejects"].items()})
-    if stats["n_valid"] > 0:
-      rb, n_trunc = self._pair_batch(pairs)
-      m["rm/pair_inputs_truncated"] = n_trunc
+    m.update({f"pairs/reject_{k}": int(v) for k, v in zip(reasons, rejects)})
+    if n_valid > 0:
+      rb, n_trunc = self._pair_batch(pairs, n_prompts, ro.index[::group] // group)
+      m["rm/pair_inputs_truncated"] = int(dist.sum_over_processes(n_trunc))
       if self._rm_step is None:
         self._rm_step = steps.make_rm_step(
           self.cfg,
@@ -159,11 +193,12 @@ class CooperReward(StaticRMReward):
         )
       self.state, rmm = self._rm_step(self.state, rb)
       m.update({f"rm_train/{k}": v for k, v in jax.device_get(rmm).items()})
-    m["rm_train/updated"] = float(stats["n_valid"] > 0)
+    m["rm_train/updated"] = float(n_valid > 0)
     return m
 
-  def _pair_batch(self, pairs):
-    """Positives and negatives tokenised together, so both halves share one width."""
+  def _pair_batch(self, pairs, n_total: int, prompt_index: np.ndarray):
+    """Positives and negatives tokenised together, so both halves share one width (agreed by
+    all processes); this process's pairs become its rows of global [n_total, ...] arrays."""
     n = len(pairs.questions)
     pos = [p if v else "" for p, v in zip(pairs.positives, pairs.valid)]
     neg = [q if v else "" for q, v in zip(pairs.negatives, pairs.valid)]
@@ -175,12 +210,23 @@ class CooperReward(StaticRMReward):
       self.c.rm.max_len,
       pad_to_multiple=RM_PAD_MULTIPLE,
     )
+    width = dist.max_over_processes(tok.shape[1])
+    tok, mask = _left_pad_to(tok, mask, width, self.tokenizer.pad_id)
     batch = {
       "pos_tokens": tok[:n],
       "pos_mask": mask[:n],
       "neg_tokens": tok[n:],
       "neg_mask": mask[n:],
       "valid": np.asarray(pairs.valid, np.float32),
+    }
+    mine = dist.local_rows(sharding.batch_sharding(self.mesh, 1), n_total)
+    if not np.array_equal(mine, prompt_index):
+      raise ValueError(f"pair rows {mine.tolist()} are not this process's prompts")
+    batch = {
+      k: dist.put_local_rows(
+        v, sharding.batch_sharding(self.mesh, v.ndim), (n_total,) + v.shape[1:]
+      )
+      for k, v in batch.items()
     }
     return batch, int(cut.sum())
 
@@ -207,6 +253,17 @@ def _assistant(c, mesh) -> dict:
     tokenizer=load_tokenizer(c.pairs.assistant_model),
     temperature=c.pairs.assistant_temperature,
     max_new_tokens=c.pairs.assistant_max_new_tokens,
+  )
+
+
+def _left_pad_to(tok: np.ndarray, mask: np.ndarray, width: int, pad_id: int):
+  """Left-padded inputs widened to `width` columns (more left padding: same model output)."""
+  extra = width - tok.shape[1]
+  if extra == 0:
+    return tok, mask
+  return (
+    np.pad(tok, ((0, 0), (extra, 0)), constant_values=pad_id),
+    np.pad(mask, ((0, 0), (extra, 0)), constant_values=False),
   )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -33,7 +34,15 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
 def make_mesh(
   data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None
 ) -> Mesh:
-  """A (data, fsdp, tensor) mesh; one size may be -1 to take the remaining devices."""
+  """A (data, fsdp, tensor) mesh; one size may be -1 to take the remaining devices.
+
+  Devices are laid out by `jax.make_mesh` (mesh_utils), which on TPU follows the physical
+  torus, so the fsdp and tensor collectives run over neighbouring chips; on CPU/GPU it keeps
+  `jax.devices()` order (process by process). A multi-slice TPU run (devices of several
+  `slice_index`es, joined over the data-center network) splits `data` across slices with
+  `mesh_utils.create_hybrid_device_mesh`: only the data-parallel gradient reduction crosses
+  DCN; `data` must be a multiple of the number of slices.
+  """
   devices = list(devices if devices is not None else jax.devices())
   sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
   for name, size in sizes.items():
@@ -50,8 +59,34 @@ def make_mesh(
   total = int(np.prod(list(sizes.values())))
   if total > len(devices):
     raise ValueError(f"mesh {sizes} needs {total} devices, only {len(devices)} available")
-  grid = np.asarray(devices[:total]).reshape(tuple(sizes[a] for a in AXES))
-  return Mesh(grid, AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES))
+  shape = tuple(sizes[a] for a in AXES)
+  types = (jax.sharding.AxisType.Auto,) * len(AXES)
+  devices = devices[:total]
+  n_slices = num_slices(devices)
+  if n_slices > 1:
+    if sizes["data"] % n_slices:
+      raise ValueError(
+        f"mesh.data={sizes['data']} must be a multiple of the {n_slices} TPU slices (DCN)"
+      )
+    grid = mesh_utils.create_hybrid_device_mesh(
+      (sizes["data"] // n_slices, sizes["fsdp"], sizes["tensor"]), (n_slices, 1, 1), devices
+    )
+    return Mesh(grid, AXES, axis_types=types)
+  try:
+    return jax.make_mesh(shape, AXES, axis_types=types, devices=devices)
+  except (AssertionError, ValueError, NotImplementedError) as e:
+    # mesh_utils knows no layout for some device sets (e.g. the two cores of a v4 chip listed
+    # separately in a compile-only topology): fall back to list order, which is correct, only
+    # possibly slower.
+    logging.warning("mesh: no topology-aware layout (%s); using device list order", e)
+    return Mesh(np.asarray(devices).reshape(shape), AXES, axis_types=types)
+
+
+def num_slices(devices: Sequence[jax.Device]) -> int:
+  """Distinct TPU slices among `devices` (1 off TPU, where slice_index means nothing here)."""
+  if not devices or devices[0].platform != "tpu":
+    return 1
+  return len({getattr(d, "slice_index", 0) for d in devices})
 
 
 def _path_str(path) -> str:

@@ -8,6 +8,12 @@ reward_mode: "rule" (math-verify reward), "static_rm" (frozen RM reward), "coope
 and the RM is updated every step on pairs from the policy's own rollouts); what each mode does
 per step is `cooper_jax/reward_modes.py`. Everything random at step t derives from (seed, t),
 so a resumed run repeats a straight one.
+
+One code path for 1 and N processes (`config.distributed`, cooper_jax/distributed.py): every
+process draws the same global prompt batch and samples it as one global array; each verifies
+and scores only the whole groups its devices hold; rewards, advantages and metrics are agreed
+over all processes; the primary writes metrics, config and manifests; a stop signal seen by
+any process stops all after the same step, with one checkpoint.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import json
 import logging
 import signal
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -26,12 +31,13 @@ from ml_collections import config_flags
 from tqdm.auto import tqdm
 
 from cooper_jax import config as config_lib
+from cooper_jax import distributed as dist
 from cooper_jax import losses, optim, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa
 from cooper_jax.evaluate import evaluate_model
-from cooper_jax.io import atomic_write_text
 from cooper_jax.metrics import MetricsWriter
+from cooper_jax.paths import as_path, write_text
 from cooper_jax.prompts import build_prompts
 from cooper_jax.reward_modes import Rollouts, make_reward_mode
 from cooper_jax.rewards.verify import RuleVerifier
@@ -57,9 +63,12 @@ class Run:
 
   def __init__(self, c, workdir: str):
     config_lib.validate(c, jax.device_count())
-    self.c, self.workdir = c, Path(workdir)
-    self.workdir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(self.workdir / "config.json", c.to_json_best_effort(indent=1))
+    _check_processes(c)
+    self.c, self.workdir = c, as_path(workdir)
+    if dist.is_primary():
+      self.workdir.mkdir(parents=True, exist_ok=True)
+      write_text(self.workdir / "config.json", c.to_json_best_effort(indent=1))
+    dist.barrier("cooper_workdir")
     self.mesh = sharding.make_mesh(**c.mesh)
     self.group = c.rollout.group_size
 
@@ -103,7 +112,9 @@ class Run:
       self.eval_rows, _ = load_qa(c.data.eval, limit=c.data.eval_limit or None, **dk)
     self.iterator = PromptIterator(self.train_rows, seed=c.seed)
 
-    self.store = CheckpointStore(self.workdir / "checkpoints", c.train.max_to_keep)
+    self.store = CheckpointStore(
+      self.workdir / "checkpoints", c.train.max_to_keep, async_save=c.train.async_checkpoint
+    )
     self.step = 0
     restored = self.store.restore_latest(self.policy_state, self.reward.state)
     if restored is not None:
@@ -111,14 +122,16 @@ class Run:
       self.iterator.load_state_dict(meta["data_iterator"])
       self.step = int(meta["step"])
       logging.info("resumed from %s at step %d", self.store.directory, self.step)
-    self.writer = MetricsWriter(self.workdir, resume_step=self.step)
+    self.writer = MetricsWriter(self.workdir, resume_step=self.step, active=dist.is_primary())
 
   # ------------------------------------------------------------------------------ one step
   def rng(self, step: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(self.c.seed), step)
 
   def rollout(self, rows, rng):
-    """G samples per prompt, in sampler calls of at most rollout.sample_batch_size rows."""
+    """G samples per prompt of the global batch, in sampler calls of at most
+    rollout.sample_batch_size rows: (prompt tokens, mask) on the host, the sampler's output as
+    global arrays split over (data, fsdp) like every batch."""
     c = self.c
     prompts = build_prompts(self.tokenizer, [r["question"] for r in rows], c.data.prompt_suffix)
     prompts = [p for p in prompts for _ in range(self.group)]
@@ -131,8 +144,8 @@ class Run:
     for i, start in enumerate(range(0, len(prompts), chunk)):
       out = sample(
         self.policy_state["params"],
-        jax.device_put(tok[start : start + chunk], bs),
-        jax.device_put(mask[start : start + chunk], bs),
+        dist.put_global(tok[start : start + chunk], bs),
+        dist.put_global(mask[start : start + chunk], bs),
         rng if chunk == len(prompts) else jax.random.fold_in(rng, i),
         cfg=self.policy_cfg,
         max_new_tokens=c.rollout.max_new_tokens,
@@ -142,12 +155,15 @@ class Run:
         eos_ids=tuple(self.tokenizer.eos_ids),
         pad_id=self.tokenizer.pad_id,
       )
-      outs.append(jax.device_get(out))
-    out = jax.tree.map(lambda *xs: np.concatenate(xs), *outs) if len(outs) > 1 else outs[0]
-    texts = [
-      self.tokenizer.decode(out.tokens[i][out.mask[i]].tolist()) for i in range(len(prompts))
-    ]
-    return tok, mask, out, texts
+      outs.append(out)
+    rows_sh = sharding.batch_sharding(self.mesh, 1)  # leading axis split, the rest replicated
+    if len(outs) > 1:  # one batch again, each row back on the devices that own it
+      out = jax.jit(
+        lambda o: jax.tree.map(lambda *x: jnp.concatenate(x), *o), out_shardings=rows_sh
+      )(outs)
+    else:
+      out = jax.device_put(outs[0], rows_sh)
+    return tok, mask, out
 
   def policy_update(self, batch: dict, step: int) -> dict:
     """PPO updates on one rollout batch: policy.ppo_epochs passes over mini-batches of
@@ -157,12 +173,9 @@ class Run:
     generated them. Metrics are means over the updates; the mismatch is the first update's,
     taken at the sampling parameters."""
     c = self.c
-    bs = sharding.batch_sharding(self.mesh)
     if self.ref_params is not None:
       keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
-      batch["ref_logp"] = np.asarray(
-        self.logprob_fn(self.ref_params, {k: jax.device_put(batch[k], bs) for k in keys})
-      )
+      batch["ref_logp"] = self.logprob_fn(self.ref_params, {k: batch[k] for k in keys})
     b = batch["advantages"].shape[0]
     mb = c.policy.ppo_mini_batch_size or b
     n_updates = c.policy.ppo_epochs * (b // mb)
@@ -175,7 +188,12 @@ class Run:
         order = np.random.default_rng([c.seed, step, epoch]).permutation(b)
         for start in range(0, b, mb):
           idx = np.sort(order[start : start + mb])
-          batches.append({k: v[idx] for k, v in batch.items()})
+          batches.append(
+            {
+              k: jax.device_put(v[idx], sharding.batch_sharding(self.mesh, v.ndim))
+              for k, v in batch.items()
+            }
+          )
     if self._policy_step is None:
       self._policy_step = steps.make_policy_step(
         self.policy_cfg,
@@ -199,40 +217,55 @@ class Run:
     return {"policy/lr": lr, "policy/updates": n_updates, **m}
 
   def train_step(self) -> dict:
-    c, step = self.c, self.step
+    c, step, group = self.c, self.step, self.group
     rng = self.rng(step)
     t0 = time.perf_counter()
-    rows = self.iterator.next_batch(c.rollout.prompts_per_step)
-    tok, mask, out, texts = self.rollout(rows, jax.random.fold_in(rng, 0))
+    rows = self.iterator.next_batch(c.rollout.prompts_per_step)  # the same on every process
+    tok, mask, out = self.rollout(rows, jax.random.fold_in(rng, 0))
+    n = len(rows) * group
+    # This process's rollouts: the rows its devices hold, whole groups (checked).
+    own = dist.local_rows(out.tokens.sharding, n, 2)
+    if len(own) % group or np.any(own.reshape(-1, group) != own[::group, None] + np.arange(group)):
+      raise ValueError(
+        f"process {dist.process_index()} holds rows {own.tolist()}, not whole groups"
+      )
+    out_tok, out_mask = dist.fetch_local_rows(out.tokens), dist.fetch_local_rows(out.mask)
+    texts = [self.tokenizer.decode(out_tok[i][out_mask[i]].tolist()) for i in range(len(own))]
     t_sample = time.perf_counter()
-    refs = [r["answer"] for r in rows for _ in range(self.group)]
+    mine = [rows[i] for i in own[::group] // group]
+    refs = [r["answer"] for r in mine for _ in range(group)]
     ver = self.verifier.verify(texts, refs, deadline_s=c.verifier.deadline_s)
     ro = Rollouts(
-      rows=rows,
-      questions=[r["question"] for r in rows for _ in range(self.group)],
+      rows=mine,
+      questions=[r["question"] for r in mine for _ in range(group)],
       refs=refs,
       texts=texts,
       correct=np.asarray(ver.correct, bool),
+      index=own,
+      n_total=n,
     )
     t_verify = time.perf_counter()
-    m = {f"verify/{k}": v for k, v in ver.counts.items()}
-    m["rule/acc"] = float(ro.correct.mean())
-    rewards, rm = self.reward.rewards(ro)
+    keys = list(ver.counts)
+    counts = dist.sum_over_processes(np.asarray([ver.counts[k] for k in keys]))
+    m = {f"verify/{k}": int(v) for k, v in zip(keys, counts)}
+    m["rule/acc"] = float(ro.gather(ro.correct).mean())
+    rewards, rm = self.reward.rewards(ro)  # the whole batch's, on every process
     m.update(rm)
     m["reward/mean"] = float(rewards.mean())
     adv = losses.grpo_advantages(
-      jnp.asarray(rewards), self.group, scale_by_std=c.policy.loss.scale_adv_by_std
+      jnp.asarray(rewards), group, scale_by_std=c.policy.loss.scale_adv_by_std
     )
+    bs, rows_sh = sharding.batch_sharding(self.mesh), sharding.batch_sharding(self.mesh, 1)
     batch = {
-      "prompt_tokens": np.asarray(tok, np.int32),
-      "prompt_mask": mask,
-      "response_tokens": np.asarray(out.tokens, np.int32),
-      "response_mask": out.mask,
-      "advantages": np.asarray(adv, np.float32),
-      "sampler_logp": np.asarray(out.logprobs, np.float32),
+      "prompt_tokens": dist.put_global(np.asarray(tok, np.int32), bs),
+      "prompt_mask": dist.put_global(mask, bs),
+      "response_tokens": jax.device_put(out.tokens.astype(jnp.int32), bs),
+      "response_mask": jax.device_put(out.mask, bs),
+      "advantages": dist.put_global(np.asarray(adv, np.float32), rows_sh),
+      "sampler_logp": jax.device_put(out.logprobs.astype(jnp.float32), bs),
     }
     m.update(self.policy_update(batch, step))
-    resp_len = out.mask.sum(1)
+    resp_len = ro.gather(out_mask.sum(1))
     m["response/len_mean"] = float(resp_len.mean())
     m["response/truncated_frac"] = float(np.mean(resp_len == c.rollout.max_new_tokens))
     t_policy = time.perf_counter()
@@ -271,6 +304,9 @@ class Run:
       seed=c.seed,
       verifier=self.verifier,
       suffix=c.data.prompt_suffix,
+      # N processes: every one samples and verifies the whole eval set (the params are global
+      # arrays); the primary's numbers are logged.
+      mesh=self.mesh if dist.process_count() > 1 else None,
     )
     b = res["benchmarks"][c.data.eval]
     m.update({"eval/acc": b["accuracy"], "eval/ci_lo": b["ci95"][0], "eval/ci_hi": b["ci95"][1]})
@@ -301,7 +337,13 @@ def train(c, workdir: str) -> Run:
     total = c.train.steps
     if c.train.eval_every and run.step == 0:
       run.writer.write(0, run.evaluate())  # the curves start at the initial policy
-    bar = tqdm(total=total, initial=run.step, desc=f"cooper[{c.reward_mode}]", dynamic_ncols=True)
+    bar = tqdm(
+      total=total,
+      initial=run.step,
+      desc=f"cooper[{c.reward_mode}]",
+      dynamic_ncols=True,
+      disable=not dist.is_primary(),
+    )
     while run.step < total:
       m = run.train_step()
       if c.train.eval_every and run.step % c.train.eval_every == 0:
@@ -311,27 +353,56 @@ def train(c, workdir: str) -> Run:
       bar.set_postfix(
         reward=f"{m['reward/mean']:.3f}", rule=f"{m['rule/acc']:.3f}", s=f"{m['time/step_s']:.1f}"
       )
-      if run.step % c.train.checkpoint_every == 0 or run.step == total or _STOP["requested"]:
+      # A signal reaches one process (a preempted host) or all: every process stops after the
+      # same step, so they all take part in the one final save.
+      stop = dist.any_process(_STOP["requested"])
+      if run.step % c.train.checkpoint_every == 0 or run.step == total or stop:
         run.save()
-      if _STOP["requested"]:
+      if stop:
         logging.warning("stopped by signal after step %d (checkpoint saved)", run.step)
         break
     bar.close()
   finally:
     signal.signal(signal.SIGTERM, prev)
     run.close()
-  print(
-    f"metrics: {run.workdir / 'metrics.jsonl'}\ncheckpoints: {run.store.directory}\n"
-    f"tensorboard: {run.workdir / 'tensorboard'}"
-  )
+  if dist.is_primary():
+    print(
+      f"metrics: {run.workdir / 'metrics.jsonl'}\ncheckpoints: {run.store.directory}\n"
+      f"tensorboard: {run.workdir / 'tensorboard'}"
+    )
   return run
+
+
+def _check_processes(c) -> None:
+  """What an N-process run needs beyond config.validate (which knows the device count)."""
+  n = dist.process_count()
+  if n == 1:
+    return
+  if c.rollout.prompts_per_step % n:
+    raise ValueError(
+      f"config.rollout.prompts_per_step={c.rollout.prompts_per_step} must be divisible by the "
+      f"{n} processes (each takes whole groups)"
+    )
+  if c.rollout.sample_batch_size and c.rollout.sample_batch_size % (n * c.rollout.group_size):
+    raise ValueError(
+      f"config.rollout.sample_batch_size={c.rollout.sample_batch_size} must be a multiple of "
+      f"processes x group_size = {n * c.rollout.group_size}"
+    )
+  if c.reward_mode == "cooper" and c.pairs.negatives == "llm_rewrite":
+    raise ValueError(
+      "config.pairs.negatives='llm_rewrite' runs the assistant on each process's own pairs, "
+      "which is not wired for several processes yet: use 'perturb', or one process"
+    )
 
 
 def main(argv):
   del argv
   if _WORKDIR.value is None:
     raise app.UsageError("--workdir is required")
-  logging.getLogger().setLevel(logging.INFO)
+  # Before anything touches a device: a multi-process run must join the runtime first.
+  dist.initialize(_CONFIG.value.distributed)
+  # The primary logs the run; the others only warnings and errors (their own failures).
+  logging.getLogger().setLevel(logging.INFO if dist.is_primary() else logging.WARNING)
   # Orbax logs every save step at INFO; keep the run's own INFO lines readable.
   for handler in logging.getLogger().handlers:
     handler.addFilter(lambda r: "/orbax/" not in r.pathname or r.levelno >= logging.WARNING)

@@ -1,0 +1,240 @@
+"""Several JAX processes on this CPU, joined by jax.distributed on localhost (gloo collectives):
+the tiny config as 2 processes x 2 devices against 1 process x 4 devices, a process killed
+mid-run, a SIGTERM to one process, and a corrupt newest checkpoint step.
+
+Each process is `python -m cooper_jax.train` with its own --config.distributed.* flags, as a
+user would start one per host."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from cooper_jax.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "experiments" / "tiny.py")
+# 4 prompts x G=4: every process holds whole groups and the RM pairs split over data=4.
+COMMON = ("--config.rollout.prompts_per_step=4", "--config.train.max_to_keep=10")
+HEARTBEAT_S = 10
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _launch(workdir, n_proc, devices, *overrides, steps):
+  """Starts n_proc training processes (devices CPU devices each); returns the Popens."""
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    ALLOW_MULTIPLE_LIBTPU_LOAD="1",
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+  )
+  port = _free_port()
+  procs = []
+  for i in range(n_proc):
+    cmd = [
+      sys.executable,
+      "-m",
+      "cooper_jax.train",
+      f"--config={TINY}",
+      f"--workdir={workdir}",
+      f"--config.train.steps={steps}",
+      *COMMON,
+      *overrides,
+    ]
+    if n_proc > 1:
+      cmd += [
+        f"--config.distributed.coordinator_address=localhost:{port}",
+        f"--config.distributed.num_processes={n_proc}",
+        f"--config.distributed.process_id={i}",
+        f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_S}",
+        "--config.distributed.initialization_timeout_s=120",
+      ]
+    log = open(Path(f"{workdir}.p{i}.log"), "w")  # pylint: disable=consider-using-with
+    procs.append(
+      subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    )
+  return procs
+
+
+def _log(workdir, i) -> str:
+  return Path(f"{workdir}.p{i}.log").read_text()
+
+
+def _wait(procs, workdir, timeout=240):
+  deadline = time.time() + timeout
+  for p in procs:
+    try:
+      p.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      pytest.fail(f"timed out; log of process 0:\n{_log(workdir, 0)[-3000:]}")
+  for i, p in enumerate(procs):
+    assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{_log(workdir, i)[-3000:]}"
+
+
+def _run(workdir, n_proc, devices, *overrides, steps):
+  _wait(_launch(workdir, n_proc, devices, *overrides, steps=steps), workdir)
+
+
+def _wait_for_steps(workdir, n, procs, timeout=240):
+  metrics = Path(workdir) / "metrics.jsonl"
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if metrics.exists() and len(metrics.read_text().splitlines()) >= n:
+      return
+    if any(p.poll() is not None for p in procs):
+      pytest.fail(f"a process ended early:\n{_log(workdir, 0)[-3000:]}")
+    time.sleep(0.2)
+  pytest.fail(f"fewer than {n} steps logged in {timeout} s")
+
+
+def _params(workdir, step):
+  """The policy and RM states of one checkpoint step, on this process's first device (the
+  checkpoint may come from another topology)."""
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  out = {}
+  with ocp.StandardCheckpointer() as ck:
+    for item in ("policy", "rm"):
+      path = Path(workdir) / "checkpoints" / str(step) / item
+      tree = ck.metadata(path).item_metadata.tree
+      target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), tree)
+      out[item] = jax.tree.map(np.asarray, ck.restore(path, target))
+  return out
+
+
+def _steps(workdir):
+  d = Path(workdir) / "checkpoints"
+  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit())
+
+
+def _comparable(rows):
+  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def _max_metric_diff(a, b):
+  assert [r["step"] for r in a] == [r["step"] for r in b]
+  worst = 0.0
+  for ra, rb in zip(_comparable(a), _comparable(b)):
+    assert ra.keys() == rb.keys()
+    worst = max(worst, *(abs(float(ra[k]) - float(rb[k])) for k in ra))
+  return worst
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+  """2 processes x 2 devices, 6 steps, a checkpoint every step (the reference for both the
+  equivalence at step 3 and the killed-and-resumed run)."""
+  workdir = tmp_path_factory.mktemp("mp") / "two"
+  t0 = time.time()
+  _run(workdir, 2, 2, "--config.train.checkpoint_every=1", steps=6)
+  print(f"2 x 2 devices, 6 steps: {time.time() - t0:.1f} s")
+  return workdir
+
+
+def test_two_processes_match_one(two_process_run, tmp_path):
+  one = tmp_path / "one"
+  t0 = time.time()
+  _run(one, 1, 4, steps=3)
+  print(f"1 x 4 devices, 3 steps: {time.time() - t0:.1f} s")
+  a, b = read_metrics(one), read_metrics(two_process_run)[:3]
+  diff = _max_metric_diff(a, b)
+  print(f"max |metric difference| over 3 steps: {diff:.3g}")
+  assert diff < 1e-5
+  # Only the primary wrote (one metrics file, one line per step) and logged progress.
+  assert len(read_metrics(two_process_run)) == 6
+  assert "checkpoint step 6" in _log(two_process_run, 0)
+  assert "checkpoint step" not in _log(two_process_run, 1)
+  pa, pb = _params(one, 3), _params(two_process_run, 3)
+  diffs = jax.tree.leaves(jax.tree.map(lambda x, y: np.abs(x - y).ravel(), pa, pb))
+  diffs = np.concatenate([d.astype(np.float64) for d in diffs])
+  print(
+    f"parameters + optimizer state: {diffs.size} values, max |diff| {diffs.max():.3g}, "
+    f"{int((diffs > 1e-6).sum())} above 1e-6, {int((diffs > 1e-5).sum())} above 1e-5"
+  )
+  # The gradient all-reduce sums in another order across processes (gloo) than within one, so
+  # a few float32 roundings differ. Adam divides by sqrt(v): where a gradient is a
+  # cancellation near zero, that rounding moves the update by up to ~lr (1e-3 here), so a
+  # handful of the 3.1M entries may move by more than 1e-5; all others must stay within it.
+  assert diffs.max() < 1e-4
+  assert (diffs > 1e-5).sum() <= 10
+
+
+def test_killed_process_fails_the_other_and_restart_resumes(two_process_run, tmp_path):
+  workdir = tmp_path / "killed"
+  overrides = ("--config.train.checkpoint_every=1",)
+  procs = _launch(workdir, 2, 2, *overrides, steps=6)
+  _wait_for_steps(workdir, 3, procs)
+  t_kill = time.time()
+  procs[1].send_signal(signal.SIGKILL)
+  try:
+    procs[0].wait(timeout=HEARTBEAT_S * 6)
+  except subprocess.TimeoutExpired:
+    procs[0].kill()
+    pytest.fail("the surviving process hangs after its peer was killed")
+  waited = time.time() - t_kill
+  print(f"survivor exited {procs[0].returncode} after {waited:.1f} s")
+  assert procs[0].returncode != 0
+  survivor = _log(workdir, 0)
+  why = [l for l in survivor.splitlines() if any(s in l.lower() for s in ("heartbeat", "gloo"))]
+  assert why, survivor[-3000:]
+  print("survivor's error:", why[0][:300])
+  Path(f"{workdir}.p0.log").rename(f"{workdir}.killed.p0.log")
+  done = len(read_metrics(workdir))
+  t0 = time.time()
+  _run(workdir, 2, 2, *overrides, steps=6)
+  print(f"killed after {done} steps; restart to step 6: {time.time() - t0:.1f} s")
+  assert "resumed from" in _log(workdir, 0)
+  assert _comparable(read_metrics(workdir)) == _comparable(read_metrics(two_process_run))
+  a, b = _params(workdir, 6), _params(two_process_run, 6)
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_sigterm_to_one_process_stops_all_at_one_step(tmp_path):
+  workdir = tmp_path / "term"
+  procs = _launch(workdir, 2, 2, "--config.train.checkpoint_every=1000", steps=200)
+  _wait_for_steps(workdir, 2, procs)
+  t0 = time.time()
+  procs[1].send_signal(signal.SIGTERM)
+  _wait(procs, workdir, timeout=120)
+  print(f"SIGTERM to process 1: both exited 0 after {time.time() - t0:.1f} s")
+  n = len(read_metrics(workdir))
+  assert "stopped by signal" in _log(workdir, 0) and "stopped by signal" in _log(workdir, 1)
+  assert _steps(workdir) == [n] and 2 <= n < 200
+  assert (workdir / "checkpoints" / str(n) / "cooper_manifest.json").exists()
+  from cooper_jax.checkpoint import verify_step_dir  # pylint: disable=import-outside-toplevel
+
+  verify_step_dir(workdir / "checkpoints" / str(n))
+
+
+def test_corrupt_newest_step_is_moved_aside_and_saved_again(tmp_path):
+  workdir = tmp_path / "corrupt"
+  _run(workdir, 1, 1, "--config.train.checkpoint_every=1", steps=3)
+  first = read_metrics(workdir)
+  victim = max(
+    (f for f in (workdir / "checkpoints" / "3").rglob("*") if f.is_file()),
+    key=lambda f: f.stat().st_size,
+  )
+  victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+  _run(workdir, 1, 1, "--config.train.checkpoint_every=1", steps=4)
+  log = _log(workdir, 0)
+  aside = list((workdir / "checkpoints.corrupt").iterdir())
+  assert [p.name.split("-")[0] for p in aside] == ["3"]
+  assert str(aside[0]) in log and "resumed from" in log and "at step 2" in log
+  assert _steps(workdir) == [1, 2, 3, 4]
+  again = read_metrics(workdir)
+  assert [r["step"] for r in again] == [1, 2, 3, 4]
+  assert _comparable(again[:3]) == _comparable(first)  # step 3 re-trained identically
