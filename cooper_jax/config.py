@@ -312,6 +312,11 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
         raise ValueError(
           f"config.{key}={size} is not divisible by the mesh's data*fsdp={batch_shards}"
         )
+    if c.rollout.sample_batch_size % c.rollout.group_size:
+      raise ValueError(
+        f"config.rollout.sample_batch_size={c.rollout.sample_batch_size} must hold whole "
+        f"groups (a multiple of group_size={c.rollout.group_size})"
+      )
     if c.rollout.sample_batch_size and rows % c.rollout.sample_batch_size:
       raise ValueError(
         f"config.rollout.sample_batch_size={c.rollout.sample_batch_size} must divide "

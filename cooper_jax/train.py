@@ -131,21 +131,26 @@ class Run:
   def rollout(self, rows, rng):
     """G samples per prompt of the global batch, in sampler calls of at most
     rollout.sample_batch_size rows: (prompt tokens, mask) on the host, the sampler's output as
-    global arrays split over (data, fsdp) like every batch."""
-    c = self.c
+    global arrays split over (data, fsdp) like every batch. Each prompt is prefilled once for
+    its G samples (`sample(..., group_size=G)`)."""
+    c, g = self.c, self.group
     prompts = build_prompts(self.tokenizer, [r["question"] for r in rows], c.data.prompt_suffix)
-    prompts = [p for p in prompts for _ in range(self.group)]
-    tok, mask = self.tokenizer.encode_prompts(
+    tok_u, mask_u = self.tokenizer.encode_prompts(
       prompts, max_len=c.rollout.max_prompt_len, pad_to_multiple=c.rollout.prompt_pad_multiple
     )
-    bs = sharding.batch_sharding(self.mesh)
-    chunk = c.rollout.sample_batch_size or len(prompts)
+    chunk = (c.rollout.sample_batch_size or len(prompts) * g) // g  # prompts per sampler call
+    shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    # Prompts split over the batch devices when they divide evenly; otherwise every device
+    # holds the few prompts (small: [prompts, width] ids) and the G-fold copy is split.
+    prompt_sh = (
+      sharding.batch_sharding(self.mesh) if chunk % shards == 0 else sharding.replicated(self.mesh)
+    )
     outs = []
     for i, start in enumerate(range(0, len(prompts), chunk)):
       out = sample(
         self.policy_state["params"],
-        dist.put_global(tok[start : start + chunk], bs),
-        dist.put_global(mask[start : start + chunk], bs),
+        dist.put_global(tok_u[start : start + chunk], prompt_sh),
+        dist.put_global(mask_u[start : start + chunk], prompt_sh),
         rng if chunk == len(prompts) else jax.random.fold_in(rng, i),
         cfg=self.policy_cfg,
         max_new_tokens=c.rollout.max_new_tokens,
@@ -154,8 +159,10 @@ class Run:
         top_k=c.rollout.top_k,
         eos_ids=tuple(self.tokenizer.eos_ids),
         pad_id=self.tokenizer.pad_id,
+        group_size=g,
       )
       outs.append(out)
+    tok, mask = np.repeat(tok_u, g, axis=0), np.repeat(mask_u, g, axis=0)
     rows_sh = sharding.batch_sharding(self.mesh, 1)  # leading axis split, the rest replicated
     if len(outs) > 1:  # one batch again, each row back on the devices that own it
       out = jax.jit(
