@@ -15,7 +15,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402  (after the environment above: jax reads it at import)
+
+TINY_CONFIG = str(Path(__file__).resolve().parents[1] / "experiments" / "tiny.py")
+
+
+def train_cmd(workdir, steps: int, *overrides) -> list[str]:
+  """The `python -m cooper_jax.train` command line of a tiny-config run (tests import it)."""
+  return [
+    sys.executable,
+    "-m",
+    "cooper_jax.train",
+    f"--config={TINY_CONFIG}",
+    f"--workdir={workdir}",
+    f"--config.train.steps={steps}",
+    *overrides,
+  ]
 
 
 @pytest.fixture(scope="session")

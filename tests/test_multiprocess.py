@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from conftest import train_cmd
 
 from cooper_jax.metrics import read_metrics
 
@@ -44,16 +44,7 @@ def _launch(workdir, n_proc, devices, *overrides, steps):
   port = _free_port()
   procs = []
   for i in range(n_proc):
-    cmd = [
-      sys.executable,
-      "-m",
-      "cooper_jax.train",
-      f"--config={TINY}",
-      f"--workdir={workdir}",
-      f"--config.train.steps={steps}",
-      *COMMON,
-      *overrides,
-    ]
+    cmd = train_cmd(workdir, steps, *COMMON, *overrides)
     if n_proc > 1:
       cmd += [
         f"--config.distributed.coordinator_address=localhost:{port}",

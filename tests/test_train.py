@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import train_cmd
 
 from cooper_jax.metrics import read_metrics
 
@@ -17,15 +18,7 @@ TINY = str(ROOT / "experiments" / "tiny.py")
 
 
 def _train(workdir, *overrides, steps=4, timeout=600, wait=True):
-  cmd = [
-    sys.executable,
-    "-m",
-    "cooper_jax.train",
-    f"--config={TINY}",
-    f"--workdir={workdir}",
-    f"--config.train.steps={steps}",
-    *overrides,
-  ]
+  cmd = train_cmd(workdir, steps, *overrides)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
   if not wait:
     return subprocess.Popen(
