@@ -86,6 +86,12 @@ class Figure:
       **detail,
     }
     self.runs.append(run)
+    # Progress as it happens: a full CPU run takes long enough that silence looks like a hang.
+    print(
+      f"  {self.key} run {len(self.runs)}: ours {ours:.4g}, peer {peer:.4g} {self.unit}, "
+      f"ratio {run['ratio']:.3f} (load {load:.1f})",
+      flush=True,
+    )
     return run
 
   @property
