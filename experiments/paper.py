@@ -44,4 +44,30 @@ def get_config(arg: str = "qwen,cooper"):
   c.train.eval_temperature = 0.7
   c.train.eval_max_new_tokens = 512
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
+  # Sizes that fit the 8-device slices with ~16 GiB HBM per device (v5e-8: 15.75 GiB usable
+  # per chip; v4-8: 15.25 per TensorCore, 2 per chip), compiled ahead of time with
+  # tools/aot_compile.py (BUILD.md, "Paper configs on TPU"). What stays resident is ~6.8 GiB
+  # per device for qwen,cooper (policy fp32 params + AdamW moments 2.16, reference 0.72, RM
+  # state 2.16, bf16 assistant 1.77), so a function gets ~9 GiB. All sizes are global rows,
+  # multiples of the 8 data x fsdp devices that divide the batch, so the next size up is 2x:
+  # - policy.micro_batch_size 32 (4 rows per device): policy_step 13.4 GiB resident; 64 needs
+  #   16.6. Also the reference log-prob pass's micro-batch (1024/32 = 32 forward passes).
+  # - policy.logprob_chunk 128 response positions: LM-head logits [rows, 128, vocab] f32 per
+  #   chunk instead of [rows, 512, vocab] (151936 vocab: 0.6 GiB instead of 2.3 per 8 rows).
+  # - rm.micro_batch_size 16: counts pairs in rm_step (16 pairs = 32 rows: 13.1 GiB resident;
+  #   32 pairs need 16.3) and rows in the reward pass (1024/16 = 64 forward passes; a bigger
+  #   reward micro-batch would fit, but the two share this field).
+  # - rollout.sample_batch_size 0: all 1024 rollouts in one sampler call, 13.1 GiB resident
+  #   (each prompt is prefilled once for its 16 samples, so the KV cache dominates). With more
+  #   prompts per step, cap it at 1024 rows per call (512 rows: 10.3 GiB).
+  # (v5e-8 figures; v4-8's are within 0.5 GiB of them; v5p-8 has 95.7 GiB per chip.)
+  # More passes cost time only through weight reads (each pass re-gathers the weights; FLOPs
+  # are the same): policy_step/ref/reward stay near their one-shot roofline (BUILD.md); every
+  # extra sampler call would re-read them at each of its 512 decode steps (4 calls of 256
+  # rows: 18.6 s roofline on v5e-8 against 7.0 s for one call).
+  c.policy.micro_batch_size = 32
+  c.policy.logprob_chunk = 128
+  c.rm.micro_batch_size = 16
+  c.rollout.sample_batch_size = 0
+  c.pairs.assistant_dtype = "bfloat16"  # 7B: 1.8 GiB per chip sharded, 3.5 in float32
   return c

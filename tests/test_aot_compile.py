@@ -33,8 +33,8 @@ def paper_policy_step():
 
 def _policy_step_flops_by_hand(c) -> float:
   """Independent count for Qwen2.5-1.5B: 6 x (matmul weights) x tokens for fwd+bwd, +2x for
-  the remat'ed layers, dense attention (QK^T and PV, 2 matmuls, both t x t), LM head on the
-  response positions only."""
+  the remat'ed layers (and the chunked LM head), dense attention (QK^T and PV, 2 matmuls,
+  both t x t), LM head on the response positions only."""
   d, layers, heads, kv, hd, ff, vocab = 1536, 28, 12, 2, 128, 8960, 151936
   rows = c.rollout.prompts_per_step * c.rollout.group_size
   t = c.rollout.max_prompt_len + c.rollout.max_new_tokens
@@ -42,7 +42,8 @@ def _policy_step_flops_by_hand(c) -> float:
   w_layer = d * hd * heads * 2 + d * hd * kv * 2 + 3 * d * ff  # q, o; k, v; gate, up, down
   layer_fwd = 2 * rows * t * w_layer * layers + 2 * 2 * rows * t * t * heads * hd * layers
   head_fwd = 2 * rows * n * d * vocab
-  return 3 * (layer_fwd + head_fwd) + layer_fwd  # fwd + bwd (2x), + remat recompute
+  # fwd + bwd (2x), + remat recompute of the layers, + the head's when chunked (checkpointed)
+  return 3 * (layer_fwd + head_fwd) + layer_fwd + (head_fwd if c.policy.logprob_chunk else 0)
 
 
 def test_policy_step_consistent(paper_policy_step):
@@ -104,8 +105,8 @@ def test_analytic_flops_match_xla_loop_body():
     "response_tokens": ((rows, n), jnp.int32),
     "response_mask": ((rows, n), bool),
   }
-  lp_batch = aot._batch(mesh, shapes)
-  batch = aot._batch(mesh, dict(shapes, advantages=((rows,), jnp.float32)))
+  lp_batch = aot.abstract_batch(mesh, shapes)
+  batch = aot.abstract_batch(mesh, dict(shapes, advantages=((rows,), jnp.float32)))
   loss = paper_config("qwen,rule").policy.loss
   loss.kl_coef = 0.0
   step = steps.make_policy_step(cfg, loss, opt, mesh, state, batch)
@@ -114,6 +115,37 @@ def test_analytic_flops_match_xla_loop_body():
   lp = steps.make_logprob_fn(cfg, mesh, params)
   xla = lp.lower(params, lp_batch).compile().cost_analysis()["flops"]
   assert aot.forward_flops(body_once, rows, p + n, p + n, n) / 8 == pytest.approx(xla, rel=0.05)
+
+
+def test_resident_state_as_the_run_holds_it():
+  """What stays on the chip, per device, for the paper's configs on v5e:2x4 (no compile): the
+  assistant in pairs.assistant_dtype, a static RM with its optimizer state (reward_modes keeps
+  one), no RM in rule mode; warmup_cosine with total_steps unset follows train.steps."""
+  topo = aot.get_topology(TOPOLOGY)
+  per_dev = lambda n_params, nbytes: n_params * nbytes / 8 / 2**30
+  for mode, keys in (
+    ("cooper", {"policy_state", "ref_params", "rm_state", "assistant_params"}),
+    ("static_rm", {"policy_state", "ref_params", "rm_state"}),
+    ("rule", {"policy_state", "ref_params"}),
+  ):
+    c = paper_config(f"qwen,{mode}")
+    c.policy.optim.schedule = "warmup_cosine"
+    mesh = sharding.make_mesh(**c.mesh, devices=topo.devices)
+    fns, persistent = aot.build_functions(c, mesh)
+    assert set(persistent) == keys, mode
+    gib = {k: v / 2**30 for k, v in persistent.items()}
+    assert gib["policy_state"] == pytest.approx(per_dev(1.54e9, 12), rel=0.02)
+    if mode != "rule":
+      assert gib["rm_state"] == pytest.approx(per_dev(1.54e9, 12), rel=0.02)
+  assert c.pairs.assistant_dtype == "bfloat16"
+  c = paper_config("qwen,cooper")
+  fns, persistent = aot.build_functions(c, sharding.make_mesh(**c.mesh, devices=topo.devices))
+  assert persistent["assistant_params"] / 2**30 == pytest.approx(per_dev(7.61e9, 2), rel=0.02)
+  # The rollouts run in calls of sample_batch_size rows, as train.Run.rollout samples them.
+  c.rollout.sample_batch_size = 256
+  fns, _ = aot.build_functions(c, sharding.make_mesh(**c.mesh, devices=topo.devices))
+  (sampler,) = [f for f in fns if f.name == "sampler"]
+  assert sampler.calls == c.rollout.prompts_per_step * c.rollout.group_size // 256
 
 
 # Published total parameter counts (Hugging Face model cards / safetensors index).
@@ -182,19 +214,24 @@ def test_cli_bad_config_exit_2():
     "--config", "experiments/paper.py:qwen,cooper", "--config.mesh.tensor=3", "--topology", TOPOLOGY
   )
   assert p.returncode == 2 and "mesh" in p.stderr, p.stderr
+  p = _cli(
+    "--config", "experiments/paper.py:qwen,cooper", "--only", "polcy_step", "--topology", TOPOLOGY
+  )
+  assert p.returncode == 2 and "polcy_step" in p.stderr, p.stderr
 
 
 def test_cpu_run_without_tpu_noise():
-  """With libtpu installed, a CLI that calls host_platform.use_cpu_unless_accelerator() first
-  runs on the CPU without jax's TPU-backend message or libtpu's warnings."""
+  """With libtpu installed, a process that imports cooper_jax (its __init__ calls
+  host_platform.use_cpu_unless_accelerator()) runs on the CPU without jax's TPU-backend message
+  or libtpu's warnings."""
   from cooper_jax import host_platform
 
   if host_platform.accelerator_present():
     pytest.skip("this host has an accelerator")
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "JAX_PLATFORM_NAME")}
   code = (
-    "from cooper_jax.host_platform import use_cpu_unless_accelerator as u\n"
-    "print(u())\nimport jax\nprint(jax.devices()[0].platform)"
+    "import os\nimport cooper_jax\nprint(os.environ.get('JAX_PLATFORMS'))\n"
+    "import jax\nprint(jax.devices()[0].platform)"
   )
   p = subprocess.run(
     [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60

@@ -7,7 +7,7 @@ per-chip memory, whether it fits, FLOPs, bytes and a roofline time for every jit
 
 Config and `--config.k=v` overrides are parsed by ml_collections' config_flags, as
 cooper_jax.train does. Needs libtpu (requirements.txt). Exit status: 0 all fit, 1 something does
-not fit, 2 bad topology or config. Library: cooper_jax.aot.
+not fit, 2 bad topology or config. Library: the cooper_jax.aot package.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v5e:2x4, v4:2x2x1, v5p:2x2x1")
 _JSON = flags.DEFINE_bool("json", False, "one JSON object per function per line")
+_JSON_OUT = flags.DEFINE_string(
+  "json_out", None, "also write the JSON lines to this file (one compile, both outputs)"
+)
 _ONLY = flags.DEFINE_list("only", None, "compile only these functions (e.g. policy_step)")
 
 COLUMNS = (
@@ -82,14 +85,22 @@ def main() -> int:
   from cooper_jax import aot  # pylint: disable=import-outside-toplevel
 
   c = _CONFIG.value
+  only = tuple(_ONLY.value or ())
+  unknown = sorted(set(only) - set(aot.FUNCTIONS))
+  if unknown:
+    print(f"aot_compile: --only {unknown}: expected some of {aot.FUNCTIONS}", file=sys.stderr)
+    return 2
   try:
-    report = aot.compile_iteration(c, _TOPOLOGY.value, only=tuple(_ONLY.value or ()) or None)
+    report = aot.compile_iteration(c, _TOPOLOGY.value, only=only or None)
   except (aot.TopologyError, aot.ConfigError, ValueError) as e:
     print(f"aot_compile: {e}", file=sys.stderr)
     return 2
+  lines = [json.dumps(r.row()) for r in report.results]
+  if _JSON_OUT.value:
+    with open(_JSON_OUT.value, "w") as f:
+      f.write("".join(line + "\n" for line in lines))
   if _JSON.value:
-    for r in report.results:
-      print(json.dumps(r.row()))
+    print("\n".join(lines))
   else:
     print(report.header())
     print(format_table(report.results))

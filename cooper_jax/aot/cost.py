@@ -1,0 +1,115 @@
+"""Analytic FLOPs and HBM traffic of the iteration's functions, for the roofline.
+
+Counted by hand, not read from cost_analysis(): XLA counts the body of a loop once (the layer
+scan, the decode while_loop, a micro-batch scan), so its figure is one layer / one decode step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from cooper_jax.models.config import ModelConfig
+
+
+@dataclasses.dataclass
+class Cost:
+  flops: float  # global, one call
+  bytes: float  # per device, one call
+
+
+def _layer_matmul_params(cfg: ModelConfig) -> int:
+  return cfg.d_model * cfg.head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 3 * (
+    cfg.d_model * cfg.d_ff
+  )
+
+
+def forward_flops(cfg: ModelConfig, rows: int, q_len: int, kv_len: int, head_tokens: int) -> int:
+  """Matmul FLOPs of one forward: 2 per weight per token for q/k/v/o and the MLP, attention
+  scores and mixing 4*q*kv*heads*head_dim per layer (this implementation computes every
+  (query, slot) pair and masks, so no causal halving), the LM head on `head_tokens` positions
+  (the score head's d FLOPs are negligible and left out). Norms, RoPE, softmax: left out."""
+  layers = 2 * rows * q_len * cfg.n_layers * _layer_matmul_params(cfg)
+  attn = 4 * rows * cfg.n_layers * q_len * kv_len * cfg.n_heads * cfg.head_dim
+  head = 2 * rows * head_tokens * cfg.d_model * cfg.vocab_size if cfg.head == "lm" else 0
+  return layers + attn + head
+
+
+def train_flops(
+  cfg: ModelConfig, rows: int, seq: int, head_tokens: int, chunked_head: bool = False
+) -> int:
+  """Forward + backward (2x forward) + the layers' forward once more under remat
+  (nothing_saveable recomputes each block in the backward pass). The LM head is recomputed
+  in the backward only when it runs in checkpointed chunks (policy.logprob_chunk > 0)."""
+  fwd = forward_flops(cfg, rows, seq, seq, head_tokens)
+  layers_only = forward_flops(cfg.replace(head="score"), rows, seq, seq, 0)
+  head = fwd - layers_only
+  return 3 * fwd + (layers_only if cfg.remat else 0) + (head if chunked_head else 0)
+
+
+def sampler_flops(
+  cfg: ModelConfig, rows: int, prompt: int, new: int, prefill_rows: int | None = None
+) -> int:
+  """Prefill (head on the last position) of `prefill_rows` prompts (default `rows`; fewer when
+  each prompt is prefilled once for its group) + max_new_tokens decode steps, each one token per
+  row attending to all prompt+new cache slots and itself (an upper bound: the loop can stop
+  early)."""
+  pre = rows if prefill_rows is None else prefill_rows
+  return forward_flops(cfg, pre, prompt, prompt, 1) + new * forward_flops(
+    cfg, rows, 1, prompt + new + 1, 1
+  )
+
+
+def weight_bytes(cfg: ModelConfig) -> int:
+  return cfg.num_params() * jnp.dtype(cfg.jnp_param_dtype).itemsize
+
+
+def chunked_head_bytes(cfg: ModelConfig, head_tokens: int, chunk: int, head_passes: int) -> int:
+  """Per-device extra weight reads of an LM head run in chunks of `chunk` positions: each
+  chunk's matmul reads the whole [d, v] head again, `head_passes` times per micro-batch (1 for
+  a forward; 3 in a train step: forward, checkpoint recompute, backward)."""
+  if chunk <= 0 or chunk >= head_tokens or cfg.head != "lm":
+    return 0
+  n_chunks = -(-head_tokens // chunk)
+  head = cfg.d_model * cfg.vocab_size * jnp.dtype(cfg.jnp_param_dtype).itemsize
+  return (n_chunks - 1) * head_passes * head
+
+
+def forward_bytes(
+  cfg: ModelConfig, rows: int, q_len: int, kv_len: int, head_tokens: int, tensor: int
+) -> float:
+  """Estimated global HBM traffic of one forward's activations (each large tensor written/read
+  once per use); the weights are added per pass by `per_device`.
+
+  Activations per layer and token: ~12 d-wide and 2*(h+2k)*e q/k/v reads/writes, 5 f-wide (gate,
+  up, product), in the compute dtype; attention scores materialise as [b, h, q, kv] float32
+  (written, read by softmax) plus the probabilities in the compute dtype (written, read), per
+  (query, slot) pair. Decode adds the KV-cache read (kv_len slots).
+  LM-head logits [rows, head_tokens, v] float32 written and read twice (log-softmax).
+  """
+  a = jnp.dtype(cfg.jnp_dtype).itemsize
+  tok = rows * q_len
+  per_tok = (12 * cfg.d_model + 2 * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim) * a
+  per_tok += 5 * cfg.d_ff * a
+  scores = rows * cfg.n_heads * q_len * kv_len * (4 + 4 + a + a)
+  kv_read = rows * kv_len * 2 * cfg.n_kv_heads * cfg.head_dim * a if q_len == 1 else 0
+  acts = cfg.n_layers * (tok * per_tok + scores + kv_read)
+  logits = 3 * rows * head_tokens * cfg.vocab_size * 4 if cfg.head == "lm" else 0
+  return acts + logits
+
+
+def per_device(total_acts: float, weights: float, n_dev: int, tensor: int, passes: float):
+  """Per-device bytes: its share of the activations, plus the whole (gathered) weight set read
+  once per pass (divided by the tensor-parallel size): fsdp gathers every layer on every
+  device, so each extra pass (micro-batch, decode step) re-reads all weights."""
+  return total_acts / n_dev + passes * weights / tensor
+
+
+def train_bytes(cfg: ModelConfig, fwd_acts, w, n_dev, tensor, n_micro):
+  """Forward + backward (~2x forward traffic) + remat recompute (1x), weights read in each of
+  those passes per micro-batch, plus the AdamW update: per device, read param/grad/m/v and
+  write param/m/v of its shard (fp32 moments as param_dtype here)."""
+  passes = 3 + (1 if cfg.remat else 0)
+  opt = 7 * w / n_dev
+  return per_device(passes * fwd_acts, w, n_dev, tensor, passes * n_micro) + opt

@@ -1,0 +1,319 @@
+"""The jitted functions one iteration of cooper_jax.train runs, built exactly as train.py and
+reward_modes.py build them, with abstract inputs, their analytic cost and the per-device bytes
+of what stays on the chip all iteration (states, frozen parameters)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from cooper_jax import optim, sharding, steps
+from cooper_jax.aot.cost import (
+  Cost,
+  chunked_head_bytes,
+  forward_bytes,
+  forward_flops,
+  per_device,
+  sampler_flops,
+  train_bytes,
+  train_flops,
+  weight_bytes,
+)
+from cooper_jax.aot.models import (
+  ConfigError,
+  abstract_batch,
+  abstract_params,
+  abstract_state,
+  assistant_config,
+  device_bytes,
+  model_config,
+)
+
+FUNCTIONS = (
+  "sampler",
+  "ref_logprobs",
+  "rm_reward",
+  "policy_step",
+  "rm_step",
+  "assistant_sampler",
+)
+
+
+@dataclasses.dataclass
+class FnSpec:
+  name: str
+  lower: Callable[[], Any]  # -> jax.stages.Lowered
+  persistent_arg_bytes: int  # per device: persistent buffers passed in (not counted twice)
+  arg_bytes: int  # per-device argument bytes (used when the compile runs out of memory)
+  cost: Cost
+  calls: int = 1  # calls per training iteration
+
+
+def _round_up(x: int, m: int) -> int:
+  return -(-x // m) * m
+
+
+def _sampler_spec(
+  mesh, name, cfg, params, rows, prompt, new, temperature, top_p, top_k, calls, group_size=1
+):
+  """sample() on `rows` output rows: rows / group_size prompts, each prefilled once and its
+  cache copied to its group_size samples (train.Run.rollout). The prompts are split over the
+  batch devices when they divide evenly, else replicated, as train.py places them."""
+  from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
+
+  i32 = jnp.int32
+  n_dev, tensor = mesh.devices.size, mesh.shape["tensor"]
+  u = rows // group_size
+  shape = (u, prompt)
+  psh = (
+    sharding.batch_sharding(mesh)
+    if u % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0
+    else sharding.replicated(mesh)
+  )
+  batch = {k: jax.ShapeDtypeStruct(shape, d, sharding=psh) for k, d in (("t", i32), ("m", bool))}
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(mesh))
+  kw = dict(
+    cfg=cfg,
+    max_new_tokens=new,
+    temperature=temperature,
+    top_p=top_p,
+    top_k=top_k,
+    eos_ids=(cfg.eos_id,) if cfg.eos_id is not None else (),
+    pad_id=cfg.pad_id or 0,
+  )
+  if group_size > 1:  # the default stays out of the call, as train.py's assistant passes none
+    kw["group_size"] = group_size
+  acts = forward_bytes(cfg, u, prompt, prompt, 1, tensor) + new * forward_bytes(
+    cfg, rows, 1, prompt + new + 1, 1, tensor
+  )
+  return FnSpec(
+    name,
+    lambda: sample.lower(params, batch["t"], batch["m"], rng, **kw),
+    device_bytes(params),
+    device_bytes(params) + device_bytes(batch),
+    Cost(
+      sampler_flops(cfg, rows, prompt, new, prefill_rows=u),
+      per_device(acts, weight_bytes(cfg), n_dev, tensor, 1 + new),
+    ),
+    calls,
+  )
+
+
+def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
+  """The jitted functions of one iteration of train.Run.train_step, with abstract inputs, and
+  the per-device bytes of each persistent buffer (states, frozen params)."""
+  n_dev = mesh.devices.size
+  tensor = mesh.shape["tensor"]
+  rows = c.rollout.prompts_per_step * c.rollout.group_size
+  p_len, n_new = c.rollout.max_prompt_len, c.rollout.max_new_tokens
+  seq = p_len + n_new
+  i32, f32 = jnp.int32, jnp.float32
+  persistent: dict[str, int] = {}
+  fns: list[FnSpec] = []
+  pol_cfg = model_config(c.policy, "lm")
+  pol_params = abstract_params(pol_cfg, mesh)
+  pol_opt = optim.make_optimizer(c.policy.optim, c.train.steps)
+  pol_state = abstract_state(pol_params, pol_opt, mesh)
+  persistent["policy_state"] = device_bytes(pol_state)
+  kl = c.policy.loss.kl_coef > 0
+  if kl:  # train.py keeps a separate copy of the initial parameters as the reference
+    persistent["ref_params"] = device_bytes(pol_params)
+  w_pol = weight_bytes(pol_cfg)
+
+  # Rollouts: train.Run.rollout samples in calls of rollout.sample_batch_size rows (whole
+  # groups), each prompt prefilled once for its group_size samples.
+  sbs = c.rollout.sample_batch_size or rows
+  if rows % sbs or sbs % c.rollout.group_size:
+    raise ConfigError(
+      f"rollout.sample_batch_size={sbs} must divide the rollout batch {rows} and hold whole "
+      f"groups of {c.rollout.group_size}"
+    )
+  ro = c.rollout
+  fns.append(
+    _sampler_spec(
+      mesh,
+      "sampler",
+      pol_cfg,
+      pol_params,
+      sbs,
+      p_len,
+      n_new,
+      ro.temperature,
+      ro.top_p,
+      ro.top_k,
+      rows // sbs,
+      ro.group_size,
+    )
+  )
+
+  pmb, chunk = c.policy.micro_batch_size, c.policy.logprob_chunk
+  lp_shapes = {
+    "prompt_tokens": ((rows, p_len), i32),
+    "prompt_mask": ((rows, p_len), bool),
+    "response_tokens": ((rows, n_new), i32),
+    "response_mask": ((rows, n_new), bool),
+  }
+  if kl:
+    lp_batch = abstract_batch(mesh, lp_shapes)
+    lp_fn = steps.make_logprob_fn(
+      pol_cfg, mesh, pol_params, micro_batch_size=pmb, logprob_chunk=chunk
+    )
+    fwd_acts = forward_bytes(pol_cfg, rows, seq, seq, n_new, tensor)
+    n_lp_micro = rows // pmb if pmb else 1
+    fns.append(
+      FnSpec(
+        "ref_logprobs",
+        lambda: lp_fn.lower(pol_params, lp_batch),
+        device_bytes(pol_params),
+        device_bytes(pol_params) + device_bytes(lp_batch),
+        Cost(
+          forward_flops(pol_cfg, rows, seq, seq, n_new),
+          per_device(fwd_acts, w_pol, n_dev, tensor, n_lp_micro)
+          + n_lp_micro * chunked_head_bytes(pol_cfg, n_new, chunk, 1),
+        ),
+      )
+    )
+
+  rm_len = c.rm.max_len
+  rmb = c.rm.micro_batch_size
+  if c.reward_mode in ("static_rm", "cooper"):
+    rm_cfg = model_config(c.rm, "score")
+    rm_params = abstract_params(rm_cfg, mesh)
+    w_rm = weight_bytes(rm_cfg)
+    # reward_modes keeps an optimizer state for the RM in both modes (one checkpoint layout),
+    # so a frozen static RM holds its AdamW moments too.
+    rm_opt = optim.make_optimizer(c.rm.optim, c.train.steps)
+    rm_state = abstract_state(rm_params, rm_opt, mesh)
+    persistent["rm_state"] = device_bytes(rm_state)
+    r_batch = abstract_batch(mesh, {"t": ((rows, rm_len), i32), "m": ((rows, rm_len), bool)})
+    r_fn = steps.make_reward_fn(rm_cfg, mesh, rm_params, micro_batch_size=rmb)
+    fns.append(
+      FnSpec(
+        "rm_reward",
+        lambda: r_fn.lower(rm_params, r_batch["t"], r_batch["m"]),
+        device_bytes(rm_params),
+        device_bytes(rm_params) + device_bytes(r_batch),
+        Cost(
+          forward_flops(rm_cfg, rows, rm_len, rm_len, 0),
+          per_device(
+            forward_bytes(rm_cfg, rows, rm_len, rm_len, 0, tensor),
+            w_rm,
+            n_dev,
+            tensor,
+            rows // rmb if rmb else 1,
+          ),
+        ),
+      )
+    )
+
+  # policy_update: one update on the whole batch, or ppo_epochs x (rows / ppo_mini_batch_size)
+  # updates of that many rows, which then carry old_logp. sampler_logp is always there.
+  p_rows = c.policy.ppo_mini_batch_size or rows
+  n_updates = c.policy.ppo_epochs * (rows // p_rows)
+  pb_shapes = {
+    k: ((p_rows, *s[1:]), d) for k, (s, d) in lp_shapes.items()
+  }  # the batch's rows, cut to the mini-batch
+  pb_shapes["advantages"] = ((p_rows,), f32)
+  pb_shapes["sampler_logp"] = ((p_rows, n_new), f32)
+  if kl:
+    pb_shapes["ref_logp"] = ((p_rows, n_new), f32)
+  if n_updates > 1:
+    pb_shapes["old_logp"] = ((p_rows, n_new), f32)
+  p_batch = abstract_batch(mesh, pb_shapes)
+  n_p_micro = p_rows // pmb if pmb else 1
+  p_fn = steps.make_policy_step(
+    pol_cfg,
+    c.policy.loss,
+    pol_opt,
+    mesh,
+    pol_state,
+    p_batch,
+    micro_batch_size=pmb,
+    logprob_chunk=chunk,
+  )
+  fns.append(
+    FnSpec(
+      "policy_step",
+      lambda: p_fn.lower(pol_state, p_batch),
+      device_bytes(pol_state),
+      device_bytes(pol_state) + device_bytes(p_batch),
+      Cost(
+        train_flops(pol_cfg, p_rows, seq, n_new, chunked_head=0 < chunk < n_new),
+        train_bytes(
+          pol_cfg,
+          forward_bytes(pol_cfg, p_rows, seq, seq, n_new, tensor),
+          w_pol,
+          n_dev,
+          tensor,
+          n_p_micro,
+        )
+        + n_p_micro * chunked_head_bytes(pol_cfg, n_new, chunk, 3),
+      ),
+      n_updates,
+    )
+  )
+
+  if c.reward_mode == "cooper":
+    # reward_modes.CooperReward builds the RM pair batch (one pair per prompt) and always
+    # trains it with "bt"; its micro_batch_size counts pairs (2 rows each).
+    pairs = c.rollout.prompts_per_step
+    rb = abstract_batch(
+      mesh,
+      {
+        "pos_tokens": ((pairs, rm_len), i32),
+        "pos_mask": ((pairs, rm_len), bool),
+        "neg_tokens": ((pairs, rm_len), i32),
+        "neg_mask": ((pairs, rm_len), bool),
+        "valid": ((pairs,), f32),
+      },
+    )
+    rm_fn = steps.make_rm_step(rm_cfg, "bt", rm_opt, mesh, rm_state, rb, micro_batch_size=rmb)
+    fns.append(
+      FnSpec(
+        "rm_step",
+        lambda: rm_fn.lower(rm_state, rb),
+        device_bytes(rm_state),
+        device_bytes(rm_state) + device_bytes(rb),
+        Cost(
+          train_flops(rm_cfg, 2 * pairs, rm_len, 0),
+          train_bytes(
+            rm_cfg,
+            forward_bytes(rm_cfg, 2 * pairs, rm_len, rm_len, 0, tensor),
+            w_rm,
+            n_dev,
+            tensor,
+            pairs // rmb if rmb else 1,
+          ),
+        ),
+      )
+    )
+    if c.pairs.negatives == "llm_rewrite":
+      # reward_modes loads the assistant in pairs.assistant_dtype, sharded like the policy.
+      # It writes one rewrite per pending prompt, rows padded to a power of two; its prompt
+      # holds the question and the positive, estimated as max_prompt_len + max_new_tokens.
+      a_cfg = assistant_config(c)
+      a_params = abstract_params(a_cfg, mesh)
+      persistent["assistant_params"] = device_bytes(a_params)
+      a_rows = max(1 << (c.rollout.prompts_per_step - 1).bit_length(), 1)
+      a_rows = _round_up(a_rows, mesh.shape["data"] * mesh.shape["fsdp"])
+      fns.append(
+        _sampler_spec(
+          mesh,
+          "assistant_sampler",
+          a_cfg,
+          a_params,
+          a_rows,
+          _round_up(seq, 64),
+          c.pairs.assistant_max_new_tokens,
+          c.pairs.assistant_temperature,
+          1.0,
+          0,
+          1,
+        )
+      )
+  return fns, persistent
