@@ -105,6 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rm = model_config(max_len=1024)
   c.rm.optim = optim_config(1e-5, warmup_steps=0)
   c.rm.micro_batch_size = 0  # rows (pairs for 'bt') per rm_step micro-batch; 0 = whole batch
+  c.rm.score_micro_batch_size = 0  # rows per forward micro-batch of the RM reward; 0 = all
 
   c.data = dict(
     train="gsm8k/train",
@@ -258,6 +259,7 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     "policy.micro_batch_size",
     "policy.logprob_chunk",
     "rm.micro_batch_size",
+    "rm.score_micro_batch_size",
     "rollout.sample_batch_size",
   ):
     section, field = key.split(".")
@@ -306,6 +308,7 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       ("policy.ppo_mini_batch_size", c.policy.ppo_mini_batch_size),
       ("policy.micro_batch_size", c.policy.micro_batch_size),
       ("rm.micro_batch_size", c.rm.micro_batch_size),
+      ("rm.score_micro_batch_size", c.rm.score_micro_batch_size),
       ("rollout.sample_batch_size", c.rollout.sample_batch_size),
     ):
       if size % batch_shards:

@@ -41,6 +41,14 @@ def make_schedule(oc, default_total_steps: int | None = None) -> optax.Schedule:
   raise ValueError(f"optim.schedule={oc.schedule!r}: expected one of {SCHEDULES}")
 
 
+def frozen() -> optax.GradientTransformation:
+  """The optimizer of a model that is never trained (a static RM): no updates and no state, so
+  it holds no AdamW moments on the device."""
+  import optax  # pylint: disable=import-outside-toplevel
+
+  return optax.set_to_zero()
+
+
 def make_optimizer(oc, default_total_steps: int | None = None) -> optax.GradientTransformation:
   """clip_by_global_norm(grad_clip) -> AdamW(schedule, b1, b2, eps, weight_decay)."""
   import optax  # pylint: disable=import-outside-toplevel

@@ -81,13 +81,18 @@ class StaticRMReward(RuleReward):
     self.c, self.mesh = c, mesh
     self.cfg, params, tok_src = load_from_config(c.rm, "score", c.seed + 1)
     self.tokenizer = load_tokenizer(tok_src)
-    # An optimizer state even when frozen: one checkpoint layout for every RM mode.
-    self.opt = optim.make_optimizer(c.rm.optim)
+    self.opt = self.optimizer(c)
     self.state = sharding.shard_tree(steps.init_state(params, self.opt), mesh)
     self.reward_fn = steps.make_reward_fn(
-      self.cfg, mesh, params, micro_batch_size=c.rm.micro_batch_size
+      self.cfg, mesh, params, micro_batch_size=c.rm.score_micro_batch_size
     )
     self.eval_pairs = _read_rm_eval_pairs(c.data.rm_eval_pairs) if c.data.rm_eval_pairs else None
+
+  @staticmethod
+  def optimizer(c):
+    """Frozen: no optimizer state (AdamW moments would take two more copies of the RM)."""
+    del c
+    return optim.frozen()
 
   def score(self, questions, refs, texts, n_total: int | None = None) -> tuple[np.ndarray, int]:
     """(reward in (0, 1) per text, number of RM inputs cut to rm.max_len). n_total=None: the
@@ -146,6 +151,10 @@ class CooperReward(StaticRMReward):
       kw = _assistant(c, mesh)
     self.negatives = make_negative_generator(c.pairs.negatives, **kw)
     self._rm_step = None
+
+  @staticmethod
+  def optimizer(c):
+    return optim.make_optimizer(c.rm.optim, c.train.steps)
 
   def update(self, ro: Rollouts, step: int) -> dict:
     """One RM step on pairs from this process's groups (every process takes part)."""

@@ -54,9 +54,10 @@ def get_config(arg: str = "qwen,cooper"):
   #   16.6. Also the reference log-prob pass's micro-batch (1024/32 = 32 forward passes).
   # - policy.logprob_chunk 128 response positions: LM-head logits [rows, 128, vocab] f32 per
   #   chunk instead of [rows, 512, vocab] (151936 vocab: 0.6 GiB instead of 2.3 per 8 rows).
-  # - rm.micro_batch_size 16: counts pairs in rm_step (16 pairs = 32 rows: 13.1 GiB resident;
-  #   32 pairs need 16.3) and rows in the reward pass (1024/16 = 64 forward passes; a bigger
-  #   reward micro-batch would fit, but the two share this field).
+  # - rm.micro_batch_size 16 pairs in rm_step (16 pairs = 32 rows: 13.1 GiB resident; 32 pairs
+  #   need 16.3).
+  # - rm.score_micro_batch_size 128 rows per forward of the reward pass (1024/128 = 8 passes:
+  #   11.6 GiB resident; 256 needs 16.2).
   # - rollout.sample_batch_size 0: all 1024 rollouts in one sampler call, 13.1 GiB resident
   #   (each prompt is prefilled once for its 16 samples, so the KV cache dominates). With more
   #   prompts per step, cap it at 1024 rows per call (512 rows: 10.3 GiB).
@@ -68,6 +69,7 @@ def get_config(arg: str = "qwen,cooper"):
   c.policy.micro_batch_size = 32
   c.policy.logprob_chunk = 128
   c.rm.micro_batch_size = 16
+  c.rm.score_micro_batch_size = 128
   c.rollout.sample_batch_size = 0
   c.pairs.assistant_dtype = "bfloat16"  # 7B: 1.8 GiB per chip sharded, 3.5 in float32
   return c

@@ -119,8 +119,9 @@ def test_analytic_flops_match_xla_loop_body():
 
 def test_resident_state_as_the_run_holds_it():
   """What stays on the chip, per device, for the paper's configs on v5e:2x4 (no compile): the
-  assistant in pairs.assistant_dtype, a static RM with its optimizer state (reward_modes keeps
-  one), no RM in rule mode; warmup_cosine with total_steps unset follows train.steps."""
+  assistant in pairs.assistant_dtype, the co-trained RM with AdamW moments (fp32 params + 2
+  moments, 12 B/param), a static RM with none (4 B/param), no RM in rule mode; warmup_cosine
+  with total_steps unset follows train.steps."""
   topo = aot.get_topology(TOPOLOGY)
   per_dev = lambda n_params, nbytes: n_params * nbytes / 8 / 2**30
   for mode, keys in (
@@ -136,7 +137,8 @@ def test_resident_state_as_the_run_holds_it():
     gib = {k: v / 2**30 for k, v in persistent.items()}
     assert gib["policy_state"] == pytest.approx(per_dev(1.54e9, 12), rel=0.02)
     if mode != "rule":
-      assert gib["rm_state"] == pytest.approx(per_dev(1.54e9, 12), rel=0.02)
+      rm_bytes = 12 if mode == "cooper" else 4
+      assert gib["rm_state"] == pytest.approx(per_dev(1.54e9, rm_bytes), rel=0.02)
   assert c.pairs.assistant_dtype == "bfloat16"
   c = paper_config("qwen,cooper")
   fns, persistent = aot.build_functions(c, sharding.make_mesh(**c.mesh, devices=topo.devices))

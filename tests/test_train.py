@@ -119,3 +119,16 @@ def test_ppo_epochs_and_mini_batches(tmp_path):
     np.asarray(pa["policy"]["params"]["embed"]["embedding"]),
     np.asarray(pb["policy"]["params"]["embed"]["embedding"]),
   )
+
+
+def test_static_rm_holds_no_optimizer_state_and_resumes(tmp_path):
+  """A frozen RM keeps no AdamW moments (two copies of the RM on the device) and a run with
+  it checkpoints and resumes."""
+  _train(tmp_path, "--config.reward_mode=static_rm", steps=1)
+  p = _train(tmp_path, "--config.reward_mode=static_rm", steps=2)
+  assert "resumed from" in p.stderr
+  _, state = _final_params(tmp_path)
+  import jax  # pylint: disable=import-outside-toplevel
+
+  assert jax.tree.leaves(state["rm"]["opt_state"]) == []
+  assert jax.tree.leaves(state["policy"]["opt_state"])  # the policy's AdamW is there

@@ -180,18 +180,21 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
     )
 
   rm_len = c.rm.max_len
-  rmb = c.rm.micro_batch_size
+  rmb, smb = c.rm.micro_batch_size, c.rm.score_micro_batch_size
   if c.reward_mode in ("static_rm", "cooper"):
     rm_cfg = model_config(c.rm, "score")
     rm_params = abstract_params(rm_cfg, mesh)
     w_rm = weight_bytes(rm_cfg)
-    # reward_modes keeps an optimizer state for the RM in both modes (one checkpoint layout),
-    # so a frozen static RM holds its AdamW moments too.
-    rm_opt = optim.make_optimizer(c.rm.optim, c.train.steps)
+    # As reward_modes: AdamW for the co-trained RM, no optimizer state for a static one.
+    rm_opt = (
+      optim.make_optimizer(c.rm.optim, c.train.steps)
+      if c.reward_mode == "cooper"
+      else optim.frozen()
+    )
     rm_state = abstract_state(rm_params, rm_opt, mesh)
     persistent["rm_state"] = device_bytes(rm_state)
     r_batch = abstract_batch(mesh, {"t": ((rows, rm_len), i32), "m": ((rows, rm_len), bool)})
-    r_fn = steps.make_reward_fn(rm_cfg, mesh, rm_params, micro_batch_size=rmb)
+    r_fn = steps.make_reward_fn(rm_cfg, mesh, rm_params, micro_batch_size=smb)
     fns.append(
       FnSpec(
         "rm_reward",
