@@ -205,8 +205,11 @@ def model_cfg_to_meta(cfg: ModelConfig) -> dict:
   return dataclasses.asdict(cfg)
 
 
-def load_policy_for_eval(run_dir: str | os.PathLike, step: int | None = None):
-  """(ModelConfig, params, tokenizer source) of a training run's policy, for evaluation."""
+def load_model_from_run(run_dir, which: str = "policy", step: int | None = None):
+  """(ModelConfig, params, tokenizer source) of a training run's policy or RM (`which`), at the
+  newest step or `step`; the step's manifest is verified first."""
+  if which not in ("policy", "rm"):
+    raise ValueError(f"which={which!r}: expected 'policy' or 'rm'")
   run_dir = as_path(run_dir)
   ckpt_dir = run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
   store = CheckpointStore(ckpt_dir)
@@ -216,9 +219,20 @@ def load_policy_for_eval(run_dir: str | os.PathLike, step: int | None = None):
   step = steps[-1] if step is None else step
   verify_step_dir(store.step_dir(step))
   meta = store.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-  policy = store.manager.restore(step, args=ocp.args.Composite(policy=ocp.args.StandardRestore()))[
-    "policy"
-  ]
+  if which == "rm" and "rm_model" not in meta:
+    store.close()
+    raise ValueError(
+      f"{ckpt_dir}: step {step} has no RM (reward_mode {meta['config']['reward_mode']!r})"
+    )
+  args = ocp.args.Composite(**{which: ocp.args.StandardRestore()})
+  state = store.manager.restore(step, args=args)[which]
   store.close()
-  cfg = ModelConfig(**meta["policy_model"])
-  return cfg, policy["params"], meta["tokenizer"]
+  if which == "policy":
+    return ModelConfig(**meta["policy_model"]), state["params"], meta["tokenizer"]
+  rm = meta["config"]["rm"]
+  return ModelConfig(**meta["rm_model"]), state["params"], rm.get("tokenizer") or rm["model"]
+
+
+def load_policy_for_eval(run_dir, step: int | None = None):
+  """(ModelConfig, params, tokenizer source) of a training run's policy, for evaluation."""
+  return load_model_from_run(run_dir, "policy", step)

@@ -90,6 +90,10 @@ def save_hf_dir(
   with atomic_dir(out_dir) as tmp:
     save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2))
+    if cfg.head == "lm":  # what `generate` stops on and pads with, as the sampler uses them
+      gen = {"bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id}
+      gen = {k: v for k, v in gen.items() if v is not None}
+      (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
     if tokenizer is not None:
       tokenizer.hf.save_pretrained(tmp)
   return out_dir
