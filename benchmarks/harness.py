@@ -145,6 +145,15 @@ class Report:
     self.figures: list[Figure] = []
     self.extras: dict[str, Any] = {}
     self.tables: list[tuple[str, list[str], list[list[str]]]] = []
+    self.partial_path: str | None = None
+
+  def save_partial(self) -> None:
+    """Writes what is measured so far (meta.partial = true), so a run killed after an hour
+    still leaves its finished runs behind."""
+    if self.partial_path:
+      self.meta["partial"] = True
+      self.write_json(self.partial_path)
+      self.meta["partial"] = False
 
   def figure(self, **kw) -> Figure:
     fig = Figure(**kw)
@@ -156,7 +165,9 @@ class Report:
 
   @property
   def noisy(self) -> bool:
-    return bool(self.meta.get("noisy")) or any(r["noisy"] for f in self.figures for r in f.runs)
+    # The start load decides: later loads include this benchmark's own threads (about one per
+    # core), so a run's mark alone does not mean other jobs were there.
+    return bool(self.meta.get("noisy"))
 
   def markdown(self) -> str:
     m = self.meta
@@ -206,7 +217,8 @@ class Report:
     lines.append(
       "ratio = ours / peer, each run pairing the two sides back to back; worst = the lowest "
       "ratio of a speed-up (the highest of an overhead); * = that run began with the 1-minute "
-      f"load above {LOAD_LIMIT}."
+      f"load above {LOAD_LIMIT}, which counts this benchmark's own threads too (read it next to "
+      "the load at start)."
     )
     return "\n".join(lines)
 

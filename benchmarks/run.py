@@ -436,6 +436,7 @@ def main(argv=None) -> int:
     },
   )
   report.meta["machine"] = machine()
+  report.partial_path = args.out
   t0 = time.perf_counter()
   (gpu_mode if args.gpu else cpu_mode)(args, report)
   report.meta["wall_s"] = time.perf_counter() - t0

@@ -305,6 +305,7 @@ def sampler_section(
         ours_seconds=secs,
         peak_seconds=pk["seconds"],
       )
+      report.save_partial()
     if peer is None:
       fig.notes.append("peer not run (no torch venv): no ratio")
     report.extras.setdefault("sampler", {})[f"{prefix}b{b}"] = {
@@ -428,6 +429,7 @@ def policy_step_section(
         peer_seconds=pr["seconds"],
       )
     fig_peak.add_run(flops / min(secs) / 1e9, pk["flops_per_s"] / 1e9, load, ours_seconds=secs)
+    report.save_partial()
   if peer is None:
     fig.notes.append("peer not run (no torch venv): no ratio")
   report.extras.setdefault("policy_step", {})[name or "cpu"] = {
@@ -515,6 +517,7 @@ def iteration_section(
     table,
   )
   report.extras["iteration"] = {"spec": spec, "overrides": list(overrides), "metrics": rows}
+  report.save_partial()
 
 
 def _fmt(v) -> str:
@@ -597,6 +600,7 @@ def checkpoint_section(
     if i >= 0:
       save.add_run(save_s, raw_save_s, load)
       restore.add_run(restore_s, raw_restore_s, load)
+      report.save_partial()
     del pol, rm
     shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(raw, ignore_errors=True)
