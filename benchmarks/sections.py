@@ -45,40 +45,15 @@ def tiny_cfg(family: str = "llama", **kw):
 
 
 def gpu_shapes():
-  """SmolLM2-135M and Qwen2.5-1.5B shapes (the models cooper_jax targets), bfloat16."""
-  from cooper_jax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  """SmolLM2-135M and Qwen2.5-1.5B shapes (the models cooper_jax targets), bfloat16, from the
+  one table of their config.json fields (cooper_jax/aot/models.py)."""
+  from cooper_jax.aot.models import hf_config_for  # pylint: disable=import-outside-toplevel
+  from cooper_jax.models.config import from_hf_config  # pylint: disable=import-outside-toplevel
 
-  common = dict(param_dtype="bfloat16", dtype="bfloat16", max_seq_len=8192)
+  kw = dict(param_dtype="bfloat16", dtype="bfloat16", max_seq_len=8192)
   return {
-    "smollm2-135m": ModelConfig(
-      vocab_size=49152,
-      d_model=576,
-      n_layers=30,
-      n_heads=9,
-      n_kv_heads=3,
-      head_dim=64,
-      d_ff=1536,
-      rope_theta=10000.0,
-      rms_eps=1e-5,
-      tie_embeddings=True,
-      family="llama",
-      **common,
-    ),
-    "qwen2.5-1.5b": ModelConfig(
-      vocab_size=151936,
-      d_model=1536,
-      n_layers=28,
-      n_heads=12,
-      n_kv_heads=2,
-      head_dim=128,
-      d_ff=8960,
-      rope_theta=1e6,
-      rms_eps=1e-6,
-      qkv_bias=True,
-      tie_embeddings=True,
-      family="qwen2",
-      **common,
-    ),
+    "smollm2-135m": from_hf_config(hf_config_for("HuggingFaceTB/SmolLM2-135M-Instruct"), **kw),
+    "qwen2.5-1.5b": from_hf_config(hf_config_for("Qwen/Qwen2.5-1.5B-Instruct"), **kw),
   }
 
 
