@@ -245,7 +245,9 @@ def test_export_replaces_existing_dir(ckpts, tmp_path):
   out.mkdir()
   (out / "stale.safetensors").write_bytes(b"old")
   save_hf_dir(cfg, params, out)
-  assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+  # the stale file is gone; an LM head also gets the generation config `generate` reads
+  names = sorted(p.name for p in out.iterdir())
+  assert names == ["config.json", "generation_config.json", "model.safetensors"]
 
 
 @pytest.mark.parametrize("name", ["qwen2_lm", "qwen2_score"])
