@@ -1,8 +1,9 @@
 """Statistics in one place: bootstrap CIs, paired tests, classifier metrics, study summaries.
 
 Resampling uses `scipy.stats` (percentile bootstrap, sign-flip permutation test); what scipy
-has no function for (clustered bootstrap of confusion counts, the study's table) is written
-here. numpy-only at import: scipy is imported where it is used.
+has no function for (clustered bootstrap of confusion counts, the two-level seeds-then-problems
+bootstrap of a study, the study's table) is written here. numpy-only at import: scipy is
+imported where it is used.
 """
 
 from __future__ import annotations
@@ -165,19 +166,91 @@ def bootstrap_binary_metrics(
 
 
 # ---------------------------------------------------------------------------------- studies
-def condition_summary(per_seed_problem_acc: Sequence[np.ndarray]) -> dict:
-  """per_seed_problem_acc: one [n_problems] array per seed (mean over samples)."""
+def _as_seed_problem(m, name: str = "m") -> np.ndarray:
+  m = np.asarray(m, np.float64)
+  if m.ndim != 2 or m.shape[0] == 0 or m.shape[1] == 0:
+    raise ValueError(f"{name} must be a non-empty [seeds, problems] array, got shape {m.shape}")
+  return m
+
+
+def _hierarchical_means(ms: Sequence[np.ndarray], n_resamples: int, seed: int) -> np.ndarray:
+  """[len(ms), n_resamples] grand means of two-level resamples of the [seeds, problems] arrays
+  in ms, all drawn with the same indices (so several arrays stay paired by seed and problem):
+  seeds with replacement, then, for each drawn seed on its own, problems with replacement."""
+  n_seeds, n_problems = ms[0].shape
+  rng = np.random.default_rng(seed)
+  out = np.empty((len(ms), n_resamples))
+  chunk = max(1, (1 << 22) // (n_seeds * n_problems))  # ~32 MB of int64 indices at a time
+  for start in range(0, n_resamples, chunk):
+    r = min(chunk, n_resamples - start)
+    si = rng.integers(0, n_seeds, size=(r, n_seeds, 1))
+    pi = rng.integers(0, n_problems, size=(r, n_seeds, n_problems))
+    for k, m in enumerate(ms):
+      out[k, start : start + r] = m[si, pi].mean(axis=(1, 2))
+  return out
+
+
+def _quantile_ci(x: np.ndarray, alpha: float) -> tuple[float, float]:
+  lo, hi = np.quantile(x, [alpha / 2, 1 - alpha / 2])
+  return float(lo), float(hi)
+
+
+def hierarchical_bootstrap_ci(
+  m, n_resamples: int = 2000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float]:
+  """Percentile CI of the grand mean of m = [seeds, problems] accuracies, resampling at both
+  levels: seeds with replacement, then problems with replacement within each drawn seed. Both
+  the run-to-run spread and the benchmark's finite size widen it; a problem-only bootstrap sees
+  only the second."""
+  m = _as_seed_problem(m)
+  return _quantile_ci(_hierarchical_means([m], n_resamples, seed)[0], alpha)
+
+
+def hierarchical_bootstrap_diff_ci(
+  a, b, n_resamples: int = 2000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float]:
+  """Percentile CI of mean(a) - mean(b) for two conditions run with the same seeds on the same
+  problems (a, b: [seeds, problems]): every resample draws the same seed indices for both, and
+  within a drawn seed the same problem indices, so seed and problem effects shared by the two
+  conditions cancel."""
+  a, b = _as_seed_problem(a, "a"), _as_seed_problem(b, "b")
+  if a.shape != b.shape:
+    raise ValueError(f"paired conditions need equal shapes, got {a.shape} vs {b.shape}")
+  means = _hierarchical_means([a, b], n_resamples, seed)
+  return _quantile_ci(means[0] - means[1], alpha)
+
+
+def seed_level_comparison(a, b, n_resamples: int = 2000, seed: int = 0) -> dict:
+  """a vs b, both [seeds, problems] with the same seeds and problems: seed_paired_test on the
+  per-seed accuracies plus the paired hierarchical bootstrap CI of the difference ("ci95")."""
+  a, b = _as_seed_problem(a, "a"), _as_seed_problem(b, "b")
+  out = seed_paired_test(a.mean(axis=1), b.mean(axis=1))
+  out["ci95"] = list(hierarchical_bootstrap_diff_ci(a, b, n_resamples, seed))
+  return out
+
+
+def condition_summary(per_seed_problem_acc: Sequence[np.ndarray], seed: int = 0) -> dict:
+  """per_seed_problem_acc: one [n_problems] array per seed (mean over samples). "ci95" is the
+  hierarchical (seeds, then problems) bootstrap CI; "ci95_problems" the problem-only one of the
+  per-problem means over seeds, which ignores the run-to-run spread."""
   m = np.stack([np.asarray(x, np.float64) for x in per_seed_problem_acc])  # [seeds, problems]
   per_problem = m.mean(axis=0)
   seed_means = m.mean(axis=1)
-  lo, hi = bootstrap_ci(per_problem, n_resamples=2000)
+  lo, hi = hierarchical_bootstrap_ci(m, n_resamples=2000, seed=seed)
   return {
     "accuracy": float(per_problem.mean()),
     "ci95": [lo, hi],
+    "ci95_problems": list(bootstrap_ci(per_problem, n_resamples=2000, seed=seed)),
     "seed_accuracies": seed_means.tolist(),
     "seed_sd": float(seed_means.std(ddof=1)) if len(seed_means) > 1 else 0.0,
+    "n_seeds": int(m.shape[0]),
+    "n_problems": int(m.shape[1]),
     "per_problem": per_problem.tolist(),
   }
+
+
+def _ci_points(ci) -> str:
+  return "-" if ci is None else f"{100 * ci[0]:+.1f} to {100 * ci[1]:+.1f}"
 
 
 def format_study_table(
@@ -191,8 +264,8 @@ def format_study_table(
   """Per-condition accuracies; comparisons at the seed level first (what a claim rests on),
   then at the problem level (the benchmark's sampling noise only)."""
   lines = [
-    f"| condition | held-out acc % (95% CI over {n_problems} problems) | seed sd "
-    f"(n={n_seeds}) | per-seed % |",
+    f"| condition | held-out acc % (95% CI: {n_seeds} seeds, then {n_problems} problems) | "
+    f"seed sd (n={n_seeds}) | per-seed % |",
     "|---|---|---|---|",
   ]
   for name, s in summaries.items():
@@ -201,24 +274,30 @@ def format_study_table(
       f"| {name} | {100 * s['accuracy']:.1f} ({100 * s['ci95'][0]:.1f}-"
       f"{100 * s['ci95'][1]:.1f}) | {100 * s['seed_sd']:.1f} | {seeds} |"
     )
+  lines += [
+    "",
+    "CI: percentile bootstrap resampling seeds with replacement, then problems with replacement "
+    "within each drawn seed (run-to-run spread and benchmark size both count).",
+  ]
   if seed_tests:
     lines += [
       "",
-      f"Paired by seed (independent runs; the exact sign-flip p cannot go below 2/2^{n_seeds}):",
+      f"Paired by seed (independent runs; the exact sign-flip p cannot go below 2/2^{n_seeds}; "
+      "95% CI: hierarchical bootstrap of the difference, paired by seed and problem):",
       "",
-      "| comparison | per-seed diff (points) | mean | t-test p | sign-flip p |",
-      "|---|---|---|---|---|",
+      "| comparison | per-seed diff (points) | mean | 95% CI | t-test p | sign-flip p |",
+      "|---|---|---|---|---|---|",
     ]
     for name, t in seed_tests.items():
       diffs = ", ".join(f"{100 * d:+.1f}" for d in t["per_seed_diff"])
       lines.append(
-        f"| {name} | {diffs} | {100 * t['mean_diff']:+.1f} | {t['t_test_p']:.3g} | "
-        f"{t['sign_flip_p']:.3g} |"
+        f"| {name} | {diffs} | {100 * t['mean_diff']:+.1f} | {_ci_points(t.get('ci95'))} | "
+        f"{t['t_test_p']:.3g} | {t['sign_flip_p']:.3g} |"
       )
   lines += [
     "",
-    f"Paired by problem (mean over {n_seeds} seeds x {samples} samples; not evidence of a "
-    "difference between methods), "
+    f"Paired by problem, secondary (mean over {n_seeds} seeds x {samples} samples; the "
+    "benchmark's sampling noise only, not evidence of a difference between methods), "
     "bootstrap 95% CI of the difference and a two-sided sign-flip permutation test:",
     "",
     "| comparison | diff (points) | 95% CI | p |",
@@ -226,7 +305,6 @@ def format_study_table(
   ]
   for name, t in tests.items():
     lines.append(
-      f"| {name} | {100 * t['mean_diff']:+.1f} | {100 * t['ci95'][0]:+.1f} to "
-      f"{100 * t['ci95'][1]:+.1f} | {t['p_value']:.3g} |"
+      f"| {name} | {100 * t['mean_diff']:+.1f} | {_ci_points(t['ci95'])} | {t['p_value']:.3g} |"
     )
   return "\n".join(lines) + "\n"

@@ -1,19 +1,28 @@
-"""The reproduction study in one command: untrained baseline, rule, static_rm and cooper, each
-over several seeds, on the small arithmetic task; evaluated on its held-out split.
+"""The reproduction study in one command: an untrained baseline and every condition of
+experiments/small_task.py (rule, static_rm, cooper and their variants), each over several
+seeds, on the small arithmetic task; evaluated on its held-out split.
 
   python tools/run_study.py --out results/small_study            # builds what is missing
   python tools/run_study.py --out results/x --seeds 0,1,2 --steps 40 --set train.eval_every=5
 
-Writes <out>/table.md (Table-3 style, CIs, paired tests), <out>/results.json,
-<out>/training_dynamics.png, <out>/rm_stability.png and <out>/command.txt. Per-run metrics and
-checkpoints stay in <out>/runs/<condition>_s<seed>/.
+Every (condition, seed) run is its own subprocess (`--one <condition> <seed>`, same args), --jobs
+at a time; it trains, evaluates the final policy and writes <out>/runs/<cond>_s<seed>/heldout.json
+last, so an interrupted study resumes: runs with heldout.json are kept, run dirs without one are
+deleted and rerun. Each child's output goes to <out>/runs/<cond>_s<seed>.log.
+
+Writes <out>/table.md (accuracies with seed-then-problem CIs, seed-level paired comparisons,
+problem-level ones, a reward-hacking table), <out>/results.json, <out>/training_dynamics.png,
+<out>/rm_stability.png, <out>/examples.md and <out>/command.txt (reporting: tools/study_report.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -22,92 +31,37 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-CONDITIONS = ("rule", "static_rm", "cooper")
-
-
-# ---------------------------------------------------------------------------------- figures
-COLORS = {"rule": "C0", "static_rm": "C1", "cooper": "C2", "untrained": "C7"}
-
-
-def curves(runs: dict[str, list[list[dict]]], key: str):
-  """{condition: (steps, mean, lo, hi)} of a metric over seeds (steps where every seed has it)."""
-  out = {}
-  for cond, seeds in runs.items():
-    per_seed = [{r["step"]: r[key] for r in rows if key in r} for rows in seeds]
-    common = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
-    if not common:
-      continue
-    vals = np.array([[s[t] for t in common] for s in per_seed], np.float64)
-    out[cond] = (np.array(common), vals.mean(0), vals.min(0), vals.max(0))
-  return out
-
-
-def plot_dynamics(runs: dict[str, list[list[dict]]], path, title: str) -> None:
-  """Two panels as the paper's training-dynamics figure: training reward, held-out accuracy."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-  panels = [
-    ("reward/mean", "training reward (what the policy optimises)"),
-    ("rule/acc", "rule-verified accuracy of training rollouts"),
-    ("eval/acc", "held-out accuracy (greedy)"),
-  ]
-  for ax, (key, label) in zip(axes, panels):
-    for cond, (x, mean, lo, hi) in curves(runs, key).items():
-      ax.plot(x, mean, label=cond, color=COLORS.get(cond))
-      ax.fill_between(x, lo, hi, alpha=0.2, color=COLORS.get(cond))
-    ax.set_title(label, fontsize=10)
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-  axes[0].legend()
-  fig.suptitle(title + " (line: mean over seeds; band: min-max)")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-
-
-def plot_rm_stability(runs: dict[str, list[list[dict]]], path, title: str) -> None:
-  import matplotlib  # pylint: disable=import-outside-toplevel
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for cond, (x, mean, lo, hi) in curves(runs, "eval/rm_pair_acc").items():
-    ax.plot(x, mean, label=cond, color=COLORS.get(cond))
-    ax.fill_between(x, lo, hi, alpha=0.2, color=COLORS.get(cond))
-  ax.set_xlabel("step")
-  ax.set_ylabel("RM held-out pair accuracy")
-  ax.set_title(title, fontsize=10)
-  ax.grid(alpha=0.3)
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+CONDITIONS = ("rule", "static_rm", "cooper", "cooper_onpolicy", "cooper_k4", "static_rm_nostd")
+_spec = importlib.util.spec_from_file_location(
+  "_tools_study_report", Path(__file__).with_name("study_report.py")
+)
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+curves = report.curves  # re-exported (tests, notebooks)
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--out", default="results/small_study")
   p.add_argument("--workdir", default="runs/small_task", help="small-task artifacts")
-  p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--conditions", default=",".join(CONDITIONS))
+  p.add_argument("--seeds", default="0,1,2,3,4")
+  p.add_argument(
+    "--conditions",
+    default=",".join(CONDITIONS),
+    help="modes of experiments/small_task.py; the untrained baseline is always added",
+  )
+  p.add_argument("--jobs", type=int, default=2, help="runs (subprocesses) at a time")
   p.add_argument("--steps", type=int, default=None, help="override train.steps")
   p.add_argument("--eval_samples", type=int, default=4)
   p.add_argument("--eval_temperature", type=float, default=0.7)
   p.add_argument("--eval_max_new_tokens", type=int, default=96)
   p.add_argument("--sft_args", default="", help="extra args for tools/sft_small_policy.py")
-  # The RM of the recorded study: a short BCE run on the SFT policy's own labelled rollouts,
-  # which gave held-out accuracy 0.748, precision 0.58, recall 0.29 (a weak RM on purpose).
-  p.add_argument(
-    "--rm_args",
-    default="--steps 300 --lr 1e-3 --warmup 10 --synthetic_questions 0 --eval_every 50",
-    help="args for tools/pretrain_rm.py",
-  )
+  # Empty: tools/pretrain_rm.py's own defaults, the fully trained RM. The first recorded study
+  # used a deliberately weak one: "--steps 300 --lr 1e-3 --warmup 10 --synthetic_questions 0
+  # --eval_every 50" (held-out accuracy 0.748, precision 0.58, recall 0.29).
+  p.add_argument("--rm_args", default="", help="args for tools/pretrain_rm.py")
   p.add_argument("--set", action="append", default=[], help="config override key=value")
+  p.add_argument("--one", nargs=2, metavar=("CONDITION", "SEED"), help=argparse.SUPPRESS)
   return p.parse_args(argv)
 
 
@@ -200,97 +154,206 @@ def _eval(cfg, params, tokenizer, rows, a, verifier, seed):
   return np.asarray(res["benchmarks"]["heldout"]["per_problem_acc"], np.float64)
 
 
-def main(argv=None) -> dict:
-  a = parse_args(argv)
-  t0 = time.perf_counter()
-  out = ROOT / a.out
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "command.txt").write_text("python " + " ".join(shlex.quote(x) for x in sys.argv) + "\n")
-  build_artifacts(a)
-  t_build = time.perf_counter() - t0
+# ---------------------------------------------------------------------------------- one run
+def _eval_settings(a) -> dict:
+  return {
+    "samples": a.eval_samples,
+    "temperature": a.eval_temperature,
+    "top_p": 0.95,
+    "max_new_tokens": a.eval_max_new_tokens,
+  }
 
-  from cooper_jax import stats  # pylint: disable=import-outside-toplevel
-  from cooper_jax.io import atomic_write, atomic_write_json  # pylint: disable=import-outside-toplevel
-  from cooper_jax.metrics import read_metrics  # pylint: disable=import-outside-toplevel
+
+def run_one(a, cond: str, seed: int) -> dict:
+  """Train one (condition, seed) (`untrained`: load the SFT policy), evaluate it on the held-out
+  split with `seed` as the sampling seed, write heldout.json last."""
+  from cooper_jax.io import atomic_write_json  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.verify import RuleVerifier  # pylint: disable=import-outside-toplevel
-  from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
-  from cooper_jax.train import train  # pylint: disable=import-outside-toplevel
-  from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
 
-  seeds = [int(s) for s in a.seeds.split(",")]
-  conditions = [c for c in a.conditions.split(",") if c]
-  rows = _heldout(a)
-  per_problem: dict[str, list[np.ndarray]] = {}
-  curves: dict[str, list[list[dict]]] = {}
-  timings = {}
+  wd = ROOT / a.out / "runs" / f"{cond}_s{seed}"
+  t0 = time.perf_counter()
   with RuleVerifier(1) as verifier:
-    policy_dir = str(ROOT / a.workdir / "policy")
-    cfg, params = load_pretrained(policy_dir)
-    tok = load_tokenizer(policy_dir)
-    # The untrained policy is one model; its "seeds" are sampling seeds of the evaluation.
-    per_problem["untrained"] = [_eval(cfg, params, tok, rows, a, verifier, s) for s in seeds]
-    for mode in conditions:
-      for seed in seeds:
-        wd = out / "runs" / f"{mode}_s{seed}"
-        t = time.perf_counter()
-        run = train(_config(a, mode, seed), str(wd))
-        timings[f"{mode}_s{seed}"] = time.perf_counter() - t
-        acc = _eval(
-          run.policy_cfg, run.policy_state["params"], run.tokenizer, rows, a, verifier, seed
-        )
-        per_problem.setdefault(mode, []).append(acc)
-        curves.setdefault(mode, []).append(read_metrics(wd))
+    if cond == "untrained":  # one model; its "seeds" are sampling seeds of the evaluation
+      from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
+      from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
+
+      policy_dir = str(ROOT / a.workdir / "policy")
+      (cfg, params), tok = load_pretrained(policy_dir), load_tokenizer(policy_dir)
+    else:
+      from cooper_jax.train import train  # pylint: disable=import-outside-toplevel
+
+      run = train(_config(a, cond, seed), str(wd))
+      cfg, params, tok = run.policy_cfg, run.policy_state["params"], run.tokenizer
+    t_train = time.perf_counter() - t0
+    acc = _eval(cfg, params, tok, _heldout(a), a, verifier, seed)
+  res = {
+    "condition": cond,
+    "seed": seed,
+    "accuracy": float(acc.mean()),
+    "n_problems": int(acc.size),
+    "per_problem_acc": acc.tolist(),
+    "eval": _eval_settings(a),
+    "train_s": t_train,
+    "eval_s": time.perf_counter() - t0 - t_train,
+    "wall_s": time.perf_counter() - t0,
+  }
+  atomic_write_json(wd / "heldout.json", res)
+  return res
+
+
+# ---------------------------------------------------------------------------------- all runs
+def child_env(jobs: int) -> dict:
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  if jobs > 1:
+    # On the 2-core dev VM a step of the tiny model is dispatch-bound: XLA's Eigen pool in each
+    # of N processes only fights the others for the cores. One thread per process, N processes.
+    flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags}".strip()
+    env["OMP_NUM_THREADS"] = "1"
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # on a GPU the N processes share its memory
+  return env
+
+
+def _log_tail(path: Path, n: int = 30) -> str:
+  return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
+
+
+def run_all(a, argv: list[str], runs: list[tuple[str, int]]) -> dict[tuple[str, int], dict]:
+  """heldout.json of every (condition, seed): cached ones read, the rest run as subprocesses,
+  a.jobs at a time. A failed child stops the study (the others are terminated) naming its log."""
+  runs_dir = ROOT / a.out / "runs"
+  runs_dir.mkdir(parents=True, exist_ok=True)
+  done, todo = {}, []
+  for cond, seed in runs:
+    wd = runs_dir / f"{cond}_s{seed}"
+    if (wd / "heldout.json").exists():
+      done[cond, seed] = json.loads((wd / "heldout.json").read_text())
+      if done[cond, seed]["eval"] != _eval_settings(a):
+        raise SystemExit(f"{wd}/heldout.json was evaluated with other settings; use another --out")
+      print(f"{cond} seed {seed}: held-out {done[cond, seed]['accuracy']:.3f} (cached)")
+      continue
+    if wd.exists():
+      shutil.rmtree(wd)  # an interrupted run: start it again
+    todo.append((cond, seed))
+  env, running = child_env(a.jobs), {}
+  script = str(Path(__file__).resolve())
+  try:
+    while todo or running:
+      while todo and len(running) < max(1, a.jobs):
+        cond, seed = todo.pop(0)
+        log = runs_dir / f"{cond}_s{seed}.log"
+        cmd = [sys.executable, script, *argv, "--one", cond, str(seed)]
+        f = open(log, "w", encoding="utf-8")  # pylint: disable=consider-using-with
+        f.write("+ " + shlex.join(cmd) + "\n")
+        f.flush()
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        running[cond, seed] = (p, f, log)
+      time.sleep(0.5)
+      for key, (p, f, log) in list(running.items()):
+        if p.poll() is None:
+          continue
+        f.close()
+        del running[key]
+        heldout = runs_dir / f"{key[0]}_s{key[1]}" / "heldout.json"
+        if p.returncode != 0 or not heldout.exists():
+          raise SystemExit(
+            f"{_log_tail(log)}\n\nrun {key[0]} seed {key[1]} failed (exit {p.returncode}"
+            f"{'' if p.returncode else ', no heldout.json'}); log: {log}"
+          )
+        done[key] = json.loads(heldout.read_text())
         print(
-          f"{mode} seed {seed}: held-out {acc.mean():.3f} ({timings[f'{mode}_s{seed}']:.0f}s)",
+          f"{key[0]} seed {key[1]}: held-out {done[key]['accuracy']:.3f} "
+          f"({done[key]['wall_s']:.0f}s)",
           flush=True,
         )
+  finally:
+    for p, f, _ in running.values():  # interrupted or another run failed: stop the rest
+      p.terminate()
+      try:
+        p.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        p.kill()
+      f.close()
+  return done
 
-  summaries = {k: stats.condition_summary(v) for k, v in per_problem.items()}
+
+# ---------------------------------------------------------------------------------- report
+def report_study(a, seeds, conditions, done, t0, t_build) -> dict:
+  from cooper_jax import stats  # pylint: disable=import-outside-toplevel
+  from cooper_jax.io import (  # pylint: disable=import-outside-toplevel
+    atomic_write_json,
+    atomic_write_text,
+  )
+  from cooper_jax.metrics import read_metrics  # pylint: disable=import-outside-toplevel
+
+  out = ROOT / a.out
+  names = ["untrained", *conditions]
+  mats = {c: np.array([done[c, s]["per_problem_acc"] for s in seeds]) for c in names}
+  summaries = {c: stats.condition_summary(list(mats[c])) for c in names}
   tests, seed_tests = {}, {}
-  for other in ("rule", "static_rm", "untrained"):
-    if "cooper" in summaries and other in summaries:
-      name = f"cooper - {other}"
-      tests[name] = stats.paired_test(
-        np.asarray(summaries["cooper"]["per_problem"]), np.asarray(summaries[other]["per_problem"])
-      )
-      if len(seeds) > 1:
-        seed_tests[name] = stats.seed_paired_test(
-          summaries["cooper"]["seed_accuracies"], summaries[other]["seed_accuracies"]
-        )
+  for x, y in report.comparison_pairs(names):
+    name = f"{x} - {y}"
+    tests[name] = stats.paired_test(mats[x].mean(0), mats[y].mean(0))
+    if len(seeds) > 1:
+      seed_tests[name] = stats.seed_level_comparison(mats[x], mats[y])
+  n_problems = mats["untrained"].shape[1]
   table = stats.format_study_table(
-    summaries, tests, len(rows), len(seeds), a.eval_samples, seed_tests
+    summaries, tests, n_problems, len(seeds), a.eval_samples, seed_tests
   )
-  plot_dynamics(curves, out / "training_dynamics.png", "small arithmetic task")
-  plot_rm_stability(
-    curves, out / "rm_stability.png", "RM pair accuracy on held-out (correct, wrong) solutions"
-  )
+  wd = {(c, s): out / "runs" / f"{c}_s{s}" for c in conditions for s in seeds}
+  metrics = {c: {s: read_metrics(wd[c, s]) for s in seeds} for c in conditions}
+  hacking = report.hacking_table(metrics)
+  table += "\n" + report.format_hacking_table(hacking)
+  by_cond = {c: list(v.values()) for c, v in metrics.items()}
+  report.plot_dynamics(by_cond, out / "training_dynamics.png", "small arithmetic task")
+  rm_keys = report.plot_rm_stability(by_cond, out / "rm_stability.png", "RM stability")
+  s0 = seeds[0]
+  static = report.read_rollouts(wd["static_rm", s0]) if ("static_rm", s0) in wd else None
+  coop = report.read_rollouts(wd["cooper", s0]) if ("cooper", s0) in wd else None
+  atomic_write_text(out / "examples.md", report.format_examples(s0, static, coop))
+  timings = {f"{c}_s{s}": done[c, s]["wall_s"] for c in names for s in seeds}
   wall = time.perf_counter() - t0
+  table += (
+    f"\nWall time {wall / 60:.1f} min (this invocation; runs summed: "
+    f"{sum(timings.values()) / 60:.1f} min, --jobs {a.jobs}).\n"
+  )
   result = {
     "summaries": summaries,
     "tests": tests,
     "seed_tests": seed_tests,
+    "hacking": hacking,
     "seeds": seeds,
-    "conditions": conditions,
-    "eval": {
-      "samples": a.eval_samples,
-      "temperature": a.eval_temperature,
-      "top_p": 0.95,
-      "max_new_tokens": a.eval_max_new_tokens,
-      "n_problems": len(rows),
-    },
+    "conditions": names,
+    "eval": {**_eval_settings(a), "n_problems": n_problems},
+    "rm_stability_panels": rm_keys,
     "timings_s": timings,
     "build_s": t_build,
     "wall_s": wall,
-    "final_train_metrics": {k: [r[-1] for r in v] for k, v in curves.items()},
+    "final_train_metrics": {c: [(m[s] or [None])[-1] for s in seeds] for c, m in metrics.items()},
   }
   atomic_write_json(out / "results.json", result)
-  atomic_write(out / "table.md", lambda f: f.write(table + f"\nWall time {wall / 60:.1f} min.\n"))
+  atomic_write_text(out / "table.md", table)
   print(table)
-  print(
-    f"wrote {out}/table.md, results.json, training_dynamics.png, rm_stability.png "
-    f"({wall / 60:.1f} min)"
-  )
+  print(f"wrote {out}/table.md, results.json, examples.md and the figures ({wall / 60:.1f} min)")
   return result
+
+
+def main(argv=None) -> dict | None:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  a = parse_args(argv)
+  if a.one:
+    run_one(a, a.one[0], int(a.one[1]))
+    return None
+  t0 = time.perf_counter()
+  out = ROOT / a.out
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "command.txt").write_text(f"python tools/run_study.py {shlex.join(argv)}\n")
+  build_artifacts(a)
+  t_build = time.perf_counter() - t0
+  seeds = [int(s) for s in a.seeds.split(",")]
+  conditions = [c for c in a.conditions.split(",") if c and c != "untrained"]
+  done = run_all(a, argv, [(c, s) for c in ("untrained", *conditions) for s in seeds])
+  return report_study(a, seeds, conditions, done, t0, t_build)
 
 
 if __name__ == "__main__":
