@@ -106,6 +106,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.rm.optim = optim_config(1e-5, warmup_steps=0)
   c.rm.micro_batch_size = 0  # rows (pairs for 'bt') per rm_step micro-batch; 0 = whole batch
   c.rm.score_micro_batch_size = 0  # rows per forward micro-batch of the RM reward; 0 = all
+  # cooper: RM steps per policy step on the step's pairs (1 = the paper; more: beyond it).
+  c.rm.updates_per_step = 1
 
   c.data = dict(
     train="gsm8k/train",
@@ -134,6 +136,9 @@ def base_config() -> ml_collections.ConfigDict:
     sample_batch_size=0,
   )
 
+  # negatives: "perturb" / "llm_rewrite" (made from the positive, the paper's design) or
+  # "on_policy" (beyond the paper: a rollout of the same group that the rule verifier rejected;
+  # sound only where the rule verifier's recall is high, else it feeds right answers as wrong).
   c.pairs = dict(
     positive="first",
     negatives="perturb",
@@ -160,6 +165,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Save in a background thread (Orbax async): the next step starts while the arrays are
     # written; the manifest of a step is written once its save has finished.
     async_checkpoint=False,
+    # Rollouts written to <workdir>/rollouts.jsonl per step (question, reference, response,
+    # rule verdict, reward): the first N of the step's batch (the primary's rows); 0 = none.
+    save_rollouts=8,
   )
 
   # The JAX distributed runtime (cooper_jax/distributed.py). "auto": joins when a coordinator
@@ -239,7 +247,12 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     "pairs.max_tries",
     "train.checkpoint_every",
     "train.max_to_keep",
+    "rm.updates_per_step",
   )
+  if not isinstance(c.train.save_rollouts, int) or c.train.save_rollouts < 0:
+    raise ValueError(
+      f"config.train.save_rollouts must be an int >= 0, got {c.train.save_rollouts!r}"
+    )
   if c.rollout.temperature < 0:
     raise ValueError(f"config.rollout.temperature must be >= 0, got {c.rollout.temperature}")
   if not 0 < c.rollout.top_p <= 1:
@@ -272,9 +285,10 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     )
   if c.pairs.positive not in ("first", "random"):
     raise ValueError(f"config.pairs.positive={c.pairs.positive!r}: expected 'first' or 'random'")
-  if c.pairs.negatives not in ("perturb", "llm_rewrite"):
+  if c.pairs.negatives not in ("perturb", "llm_rewrite", "on_policy"):
     raise ValueError(
-      f"config.pairs.negatives={c.pairs.negatives!r}: expected 'perturb' or 'llm_rewrite'"
+      f"config.pairs.negatives={c.pairs.negatives!r}: expected 'perturb', 'llm_rewrite' or "
+      "'on_policy'"
     )
   if c.data.on_bad_row not in ("raise", "skip"):
     raise ValueError(f"config.data.on_bad_row={c.data.on_bad_row!r}: expected 'raise' or 'skip'")

@@ -13,17 +13,28 @@ from cooper_jax.paths import as_path, is_remote, write_text
 from cooper_jax.stats import precision_recall
 
 
-def reward_hacking_monitors(rm_reward_b: np.ndarray, correct_b: np.ndarray) -> dict[str, float]:
+def reward_hacking_monitors(
+  rm_reward_b: np.ndarray, correct_b: np.ndarray, group_size: int | None = None
+) -> dict[str, float]:
   """How far the RM's judgement drifts from the rule verifier's on the same rollouts.
 
   The rule verifier is precise but not complete, so RM "false positives" here are an upper
   bound on hacking; a rising gap between RM reward and rule accuracy is the signal the paper's
   static-RM curve shows.
+
+  Batch-level numbers mix two things: how hard the questions are (an RM that only predicts
+  difficulty agrees with the rule across groups) and whether the RM tells right from wrong
+  answers to one question, which is all that GRPO's group-relative advantage uses. Given
+  group_size (rollouts prompt-major), two within-group monitors isolate the second:
+  rm/group_std, the mean over groups of the RM reward's std inside the group (0: the policy
+  gets no signal), and rm/group_auc, the probability that a correct rollout outscores a wrong
+  one of the same question (ties count 1/2), over all such pairs of the groups that have both
+  (NaN-free: omitted when no group has both); rm/group_auc_pairs counts those pairs.
   """
   rm_pos = rm_reward_b > 0.5
   correct = correct_b.astype(bool)
   precision, recall = precision_recall(rm_pos, correct)
-  return {
+  m = {
     "rm/reward_mean": float(np.mean(rm_reward_b)),
     "rm/minus_rule_acc": float(np.mean(rm_reward_b) - np.mean(correct)),
     "rm/agreement": float(np.mean(rm_pos == correct)),
@@ -31,43 +42,78 @@ def reward_hacking_monitors(rm_reward_b: np.ndarray, correct_b: np.ndarray) -> d
     "rm/recall": float(recall),
     "rm/positive_rate": float(np.mean(rm_pos)),
   }
+  if group_size:
+    r = np.asarray(rm_reward_b, np.float64).reshape(-1, group_size)
+    ok = correct.reshape(-1, group_size)
+    m["rm/group_std"] = float(r.std(axis=1).mean())
+    # [groups, G, G]: correct i vs wrong j of one group
+    both = ok[:, :, None] & ~ok[:, None, :]
+    diff = r[:, :, None] - r[:, None, :]
+    n_pairs = int(both.sum())
+    m["rm/group_auc_pairs"] = n_pairs
+    if n_pairs:
+      m["rm/group_auc"] = float(((diff > 0) + 0.5 * (diff == 0))[both].sum() / n_pairs)
+  return m
 
 
-class MetricsWriter:
-  """Appends one JSON object per step to metrics.jsonl and mirrors scalars to TensorBoard.
+class JsonlLog:
+  """Appends JSON objects, each with a "step", to one JSONL file of the workdir.
 
-  `active=False` (every process but the primary in a multi-process run) writes nothing. The
-  workdir may be a URI (gs://...): objects cannot be appended to, so there the whole file is
-  rewritten at every step (a few MB at most, next to a step's seconds to minutes)."""
+  On resume, lines of steps after the restored checkpoint are dropped first, so they are
+  replaced, not duplicated. `active=False` (every process but the primary in a multi-process
+  run) writes nothing. The workdir may be a URI (gs://...): objects cannot be appended to, so
+  there the whole file is rewritten at every step (a few MB at most, next to a step's seconds
+  to minutes)."""
 
-  def __init__(self, workdir: str | os.PathLike, resume_step: int = 0, active: bool = True):
-    self.active, self.remote = active, is_remote(workdir)
-    self.path = as_path(workdir) / "metrics.jsonl"
-    self.file = self.tb = None
+  def __init__(self, path, resume_step: int = 0, active: bool = True):
+    self.active, self.remote = active, is_remote(path)
+    self.path = as_path(path)
+    self.file = None
     self._lines: list[str] = []
     if not active:
       return
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._drop_after(resume_step)
+    if self.path.exists():
+      self._lines = [
+        l
+        for l in self.path.read_text().splitlines()
+        if l.strip() and json.loads(l).get("step", 0) <= resume_step
+      ]
+      write_text(self.path, "".join(l + "\n" for l in self._lines))
     if not self.remote:
       self.file = open(self.path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+
+  def append(self, rows: list[dict]) -> None:
+    if not self.active or not rows:
+      return
+    lines = [json.dumps(r) for r in rows]
+    if self.file is not None:
+      self.file.write("".join(l + "\n" for l in lines))
+      self.file.flush()
+    else:
+      self._lines += lines
+      write_text(self.path, "".join(l + "\n" for l in self._lines))
+
+  def close(self) -> None:
+    if self.file is not None:
+      self.file.close()
+
+
+class MetricsWriter:
+  """One JSON object per step in metrics.jsonl (`JsonlLog`), scalars mirrored to TensorBoard."""
+
+  def __init__(self, workdir: str | os.PathLike, resume_step: int = 0, active: bool = True):
+    self.active = active
+    self.log = JsonlLog(as_path(workdir) / "metrics.jsonl", resume_step, active)
+    self.tb = None
+    if not active:
+      return
     try:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
 
-      self.tb = SummaryWriter(str(self.path.parent / "tensorboard"))
+      self.tb = SummaryWriter(str(as_path(workdir) / "tensorboard"))
     except Exception as e:  # noqa: BLE001 - no tensorboardX, or no writer for this scheme
       logging.warning("no TensorBoard logs (%s: %s); metrics.jsonl has everything", type(e), e)
-
-  def _drop_after(self, step: int) -> None:
-    """On resume, lines logged after the restored checkpoint are replaced, not duplicated."""
-    if not self.path.exists():
-      return
-    self._lines = [
-      l
-      for l in self.path.read_text().splitlines()
-      if l.strip() and json.loads(l).get("step", 0) <= step
-    ]
-    write_text(self.path, "".join(l + "\n" for l in self._lines))
 
   def write(self, step: int, metrics: dict) -> None:
     if not self.active:
@@ -83,17 +129,10 @@ class MetricsWriter:
       row[k] = v
       if self.tb is not None and isinstance(v, float) and math.isfinite(v):
         self.tb.add_scalar(k, v, step)
-    line = json.dumps(row)
-    if self.file is not None:
-      self.file.write(line + "\n")
-      self.file.flush()
-    else:
-      self._lines.append(line)
-      write_text(self.path, "".join(l + "\n" for l in self._lines))
+    self.log.append([row])
 
   def close(self) -> None:
-    if self.file is not None:
-      self.file.close()
+    self.log.close()
     if self.tb is not None:
       self.tb.close()
 

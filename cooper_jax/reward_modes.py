@@ -6,6 +6,10 @@
 | static_rm | sigmoid(score) of a frozen RM  | nothing                                       |
 | cooper    | sigmoid(score) of the RM       | RM step on pairs from this step's rollouts    |
 
+Cooper's pairs: a rule-verified positive and a negative made from it (`pairs.negatives`
+"perturb" or "llm_rewrite", the paper), or beyond the paper a rule-rejected rollout of the same
+group ("on_policy"); `rm.updates_per_step` RM steps on them (1 in the paper).
+
 The reward at step t comes from the RM as it was before step t's RM update (paper, and the
 reference code). The RM modes also log the reward-hacking monitors and, given held-out pairs,
 the RM's pair accuracy at every evaluation.
@@ -29,7 +33,7 @@ from cooper_jax import optim, sharding, steps
 from cooper_jax.io import read_jsonl
 from cooper_jax.metrics import reward_hacking_monitors
 from cooper_jax.prompts import encode_rm_inputs
-from cooper_jax.rewards.pairs import build_pairs, make_negative_generator
+from cooper_jax.rewards.pairs import build_on_policy_pairs, build_pairs, make_negative_generator
 from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import load_from_config, load_pretrained
@@ -117,7 +121,7 @@ class StaticRMReward(RuleReward):
   def rewards(self, ro: Rollouts) -> tuple[np.ndarray, dict]:
     r, n_trunc = self.score(ro.questions, ro.refs, ro.texts, ro.n_total)
     r, correct = ro.gather(r), ro.gather(ro.correct)
-    m = reward_hacking_monitors(r, correct)
+    m = reward_hacking_monitors(r, correct, self.c.rollout.group_size)
     m["rm/inputs_truncated"] = int(dist.sum_over_processes(n_trunc))
     return r, m
 
@@ -146,10 +150,10 @@ class CooperReward(StaticRMReward):
   def __init__(self, c, mesh, verifier: RuleVerifier):
     super().__init__(c, mesh)
     self.verifier = verifier
-    kw = {}
-    if c.pairs.negatives == "llm_rewrite":
-      kw = _assistant(c, mesh)
-    self.negatives = make_negative_generator(c.pairs.negatives, **kw)
+    self.negatives = None  # on_policy: the group's rejected rollouts, no generator
+    if c.pairs.negatives != "on_policy":
+      kw = _assistant(c, mesh) if c.pairs.negatives == "llm_rewrite" else {}
+      self.negatives = make_negative_generator(c.pairs.negatives, **kw)
     self._rm_step = None
 
   @staticmethod
@@ -163,20 +167,25 @@ class CooperReward(StaticRMReward):
     first_prompt = int(ro.index[0]) // group
     # One process: the draws of a 1-process run as before. N: each process its own stream.
     seed = [c.seed, step] if dist.process_count() == 1 else [c.seed, step, first_prompt]
-    pairs, stats = build_pairs(
-      [r["question"] for r in ro.rows],
-      [r["answer"] for r in ro.rows],
-      ro.texts,
-      ro.correct,
-      c.rollout.group_size,
-      self.negatives,
-      self.verifier,
-      strategy=c.pairs.positive,
-      rng=np.random.default_rng(seed),
-      max_tries=c.pairs.max_tries,
-      deadline_s=c.verifier.deadline_s,
-      accept_no_answer=c.pairs.accept_no_answer,
-    )
+    args = ([r["question"] for r in ro.rows], [r["answer"] for r in ro.rows], ro.texts)
+    rng = np.random.default_rng(seed)
+    if self.negatives is None:
+      pairs, stats = build_on_policy_pairs(
+        *args, ro.correct, group, strategy=c.pairs.positive, rng=rng
+      )
+    else:
+      pairs, stats = build_pairs(
+        *args,
+        ro.correct,
+        group,
+        self.negatives,
+        self.verifier,
+        strategy=c.pairs.positive,
+        rng=rng,
+        max_tries=c.pairs.max_tries,
+        deadline_s=c.verifier.deadline_s,
+        accept_no_answer=c.pairs.accept_no_answer,
+      )
     reasons = list(stats["rejects"])
     counts = [stats["n_valid"], stats["n_prompts"], stats["negative_tries"]]
     counts = dist.sum_over_processes(np.asarray(counts + [stats["rejects"][k] for k in reasons]))
@@ -200,8 +209,12 @@ class CooperReward(StaticRMReward):
           rb,
           micro_batch_size=c.rm.micro_batch_size,
         )
-      self.state, rmm = self._rm_step(self.state, rb)
-      m.update({f"rm_train/{k}": v for k, v in jax.device_get(rmm).items()})
+      per_update = []
+      for _ in range(c.rm.updates_per_step):  # 1 = the paper; K > 1 reuses the pairs K times
+        self.state, rmm = self._rm_step(self.state, rb)
+        per_update.append(jax.device_get(rmm))
+      # the first update's metrics: the RM on fresh pairs, before it has fitted them
+      m.update({f"rm_train/{k}": v for k, v in per_update[0].items()})
     m["rm_train/updated"] = float(n_valid > 0)
     return m
 

@@ -36,7 +36,7 @@ from cooper_jax import losses, optim, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa
 from cooper_jax.evaluate import evaluate_model
-from cooper_jax.metrics import MetricsWriter
+from cooper_jax.metrics import JsonlLog, MetricsWriter
 from cooper_jax.paths import as_path, write_text
 from cooper_jax.prompts import build_prompts
 from cooper_jax.reward_modes import Rollouts, make_reward_mode
@@ -123,6 +123,11 @@ class Run:
       self.step = int(meta["step"])
       logging.info("resumed from %s at step %d", self.store.directory, self.step)
     self.writer = MetricsWriter(self.workdir, resume_step=self.step, active=dist.is_primary())
+    self.rollout_log = JsonlLog(
+      self.workdir / "rollouts.jsonl",
+      self.step,
+      active=dist.is_primary() and c.train.save_rollouts > 0,
+    )
 
   # ------------------------------------------------------------------------------ one step
   def rng(self, step: int) -> jax.Array:
@@ -259,6 +264,7 @@ class Run:
     rewards, rm = self.reward.rewards(ro)  # the whole batch's, on every process
     m.update(rm)
     m["reward/mean"] = float(rewards.mean())
+    self._save_rollouts(ro, rewards, step)
     adv = losses.grpo_advantages(
       jnp.asarray(rewards), group, scale_by_std=c.policy.loss.scale_adv_by_std
     )
@@ -291,6 +297,24 @@ class Run:
     )
     self.step += 1
     return m
+
+  def _save_rollouts(self, ro: Rollouts, rewards: np.ndarray, step: int) -> None:
+    """The first train.save_rollouts of this process's rollouts (the primary writes its own)."""
+    k = min(self.c.train.save_rollouts, len(ro.texts))
+    self.rollout_log.append(
+      [
+        {
+          "step": step + 1,  # the step these rollouts trained (as in metrics.jsonl)
+          "row": int(ro.index[i]),
+          "question": ro.questions[i],
+          "reference": str(ro.refs[i]),
+          "response": ro.texts[i],
+          "rule_correct": bool(ro.correct[i]),
+          "reward": float(rewards[ro.index[i]]),
+        }
+        for i in range(k)
+      ]
+    )
 
   # ----------------------------------------------------------------------------- plumbing
   def evaluate(self) -> dict:
@@ -332,6 +356,7 @@ class Run:
 
   def close(self):
     self.writer.close()
+    self.rollout_log.close()
     self.verifier.close()
     self.store.close()
 

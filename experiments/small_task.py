@@ -7,15 +7,34 @@ Artifacts come from the tools (see tools/run_study.py, which runs all of it):
 
   python -m cooper_jax.train --config experiments/small_task.py:cooper --workdir runs/st_cooper
 
-arg = "<mode>[,<workdir>]": mode in rule | static_rm | cooper; workdir defaults to runs/small_task.
+arg = "<condition>[,<workdir>]"; workdir defaults to runs/small_task. Conditions:
+  rule, static_rm, cooper       the paper's three (cooper: perturb negatives)
+  cooper_onpolicy               beyond the paper: the group's rule-rejected rollouts as negatives
+                                (the rule verifier's recall on this task: 100% of 105 correct
+                                rollouts, results/verifier_comparison)
+  cooper_k4                     beyond the paper: 4 RM steps per policy step on the step's pairs
+  static_rm_nostd               control: static_rm with advantages not divided by the group std
+                                (separates drift on std-amplified noise from hacking)
 """
 
 from cooper_jax.config import base_config
 
+CONDITIONS = {
+  "rule": ("rule", {}),
+  "static_rm": ("static_rm", {}),
+  "cooper": ("cooper", {}),
+  "cooper_onpolicy": ("cooper", {"pairs.negatives": "on_policy"}),
+  "cooper_k4": ("cooper", {"rm.updates_per_step": 4}),
+  "static_rm_nostd": ("static_rm", {"policy.loss.scale_adv_by_std": False}),
+}
+
 
 def get_config(arg: str = "cooper"):
   parts = (arg or "cooper").split(",")
-  mode, work = parts[0], (parts[1] if len(parts) > 1 else "runs/small_task")
+  name, work = parts[0], (parts[1] if len(parts) > 1 else "runs/small_task")
+  if name not in CONDITIONS:
+    raise ValueError(f"small_task condition {name!r}: expected one of {sorted(CONDITIONS)}")
+  mode, overrides = CONDITIONS[name]
   c = base_config()
   c.reward_mode = mode
   c.policy.model = f"{work}/policy"
@@ -42,4 +61,11 @@ def get_config(arg: str = "cooper"):
   c.train.checkpoint_every = 40
   c.train.max_to_keep = 1
   c.verifier.workers = 1
+  c.train.save_rollouts = 16  # two groups per step
+  for key, value in overrides.items():
+    section, field = key.rsplit(".", 1)
+    node = c
+    for part in section.split("."):
+      node = node[part]
+    node[field] = value
   return c

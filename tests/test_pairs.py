@@ -11,6 +11,7 @@ from cooper_jax.rewards.pairs import (
   REWRITE_SYSTEM,
   LLMRewriteNegatives,
   PerturbNegatives,
+  build_on_policy_pairs,
   build_pairs,
   check_negatives,
   make_negative_generator,
@@ -211,6 +212,25 @@ def test_build_pairs_counts(verifier):
   assert stats["negative_tries"] == 3 + 1 + 1  # p3 tried max_tries=3 times
   assert stats["rejects"] == {**dict.fromkeys(REJECT_REASONS, 0), "empty": 3}
   assert stats["dropped_no_positive"] == 1 and stats["dropped_max_tries"] == 1
+
+
+def test_on_policy_pairs_take_a_rejected_rollout_of_the_same_group():
+  qs = ["q0", "q1", "q2"]
+  comps = [f"p{p}r{i}" for p in range(3) for i in range(4)]
+  correct = np.array([0, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1], bool)
+  for seed in range(5):
+    pairs, stats = build_on_policy_pairs(
+      qs, ["1", "2", "3"], comps, correct, 4, rng=np.random.default_rng(seed)
+    )
+    assert pairs.valid.tolist() == [True, False, False]
+    assert pairs.drop_reason == [None, "no_positive", "no_negative"]
+    assert pairs.positives[0] == "p0r1"
+    assert pairs.negatives[0] in ("p0r0", "p0r2", "p0r3")
+    assert pairs.negatives[1:] == ["", ""]
+  assert stats["n_valid"] == 1 and stats["n_with_positive"] == 2
+  assert stats["negative_tries"] == 0 and set(stats["rejects"]) == set(REJECT_REASONS)
+  with pytest.raises(ValueError, match="completions"):
+    build_on_policy_pairs(qs, ["1"] * 3, comps[:-1], correct[:-1], 4, rng=np.random.default_rng())
 
 
 class EchoNegatives:

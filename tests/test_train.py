@@ -1,5 +1,6 @@
 """The host loop end to end on a tiny model: resume exactness, SIGTERM, config errors."""
 
+import json
 import os
 import signal
 import subprocess
@@ -132,3 +133,18 @@ def test_static_rm_holds_no_optimizer_state_and_resumes(tmp_path):
 
   assert jax.tree.leaves(state["rm"]["opt_state"]) == []
   assert jax.tree.leaves(state["policy"]["opt_state"])  # the policy's AdamW is there
+
+
+def test_rollouts_are_saved_per_step_and_resume_replaces_them(tmp_path):
+  """rollouts.jsonl: train.save_rollouts rows per step; under the rule reward each row's
+  reward is its rule verdict; a resumed run rewrites the steps after its checkpoint."""
+  _train(tmp_path, "--config.reward_mode=rule", "--config.train.save_rollouts=3", steps=2)
+  rows = [json.loads(l) for l in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
+  assert [r["row"] for r in rows] == [0, 1, 2] * 2
+  assert {"question", "reference", "response"} <= set(rows[0])
+  assert all(r["reward"] == float(r["rule_correct"]) for r in rows)
+  # tiny.py checkpoints every 2 steps: resume at 2 and run 1 more step
+  _train(tmp_path, "--config.reward_mode=rule", "--config.train.save_rollouts=3", steps=3)
+  again = [json.loads(l) for l in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+  assert again[:6] == rows and [r["step"] for r in again[6:]] == [3, 3, 3]

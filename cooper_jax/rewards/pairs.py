@@ -12,6 +12,10 @@ called only on the rows still lacking an accepted negative:
     CPU runs and as an ablation of the paper's choice);
   - `LLMRewriteNegatives`: the paper's choice, a frozen assistant LLM asked to rewrite the
     positive into a plausible but wrong solution of similar length.
+
+Beyond the paper, `build_on_policy_pairs` takes the negative from the group itself: a rollout
+the rule verifier rejected. It is a sound negative only where the verifier's recall is high
+(a correct answer it fails to recognise would be taught as wrong).
 """
 
 from __future__ import annotations
@@ -401,6 +405,24 @@ def build_pairs(
         still.append(p)
     pending = still
 
+  return _pair_batch(
+    questions,
+    references,
+    positives,
+    negs,
+    pos_idx,
+    drop,
+    negative_tries=tries,
+    rejects=rejects,
+    verifier_restarts=verifier.total_restarts - restarts0,
+    negatives_s=gen_s,
+    check_s=check_s,
+  )
+
+
+def _pair_batch(questions, references, positives, negs, pos_idx, drop, **extra):
+  """The PairBatch and its stats (counts by outcome, plus `extra`)."""
+  n = len(questions)
   valid = np.array([d is None for d in drop], dtype=bool)
   n_pos = int((pos_idx >= 0).sum())
   n_valid = int(valid.sum())
@@ -409,13 +431,9 @@ def build_pairs(
     "n_with_positive": n_pos,
     "n_valid": n_valid,
     "valid_pair_rate": n_valid / n if n else 0.0,
-    "negative_tries": tries,
-    "rejects": rejects,
     "dropped_no_positive": n - n_pos,
     "dropped_max_tries": n_pos - n_valid,
-    "verifier_restarts": verifier.total_restarts - restarts0,
-    "negatives_s": gen_s,
-    "check_s": check_s,
+    **extra,
   }
   batch = PairBatch(
     questions=list(questions),
@@ -427,3 +445,50 @@ def build_pairs(
     drop_reason=drop,
   )
   return batch, stats
+
+
+def build_on_policy_pairs(
+  questions: list[str],
+  references: list[str],
+  completions: list[str],
+  correct_b: np.ndarray,
+  group_size: int,
+  *,
+  strategy: str = "first",
+  rng: np.random.Generator,
+) -> tuple[PairBatch, dict]:
+  """(PairBatch, stats) with each prompt's negative drawn uniformly from its group's rollouts
+  that the rule verifier rejected; a group with no correct or no rejected rollout gives no pair
+  ("no_positive" / "no_negative"). stats has build_pairs' keys (no candidates are made)."""
+  n = len(questions)
+  if len(references) != n or len(completions) != n * group_size:
+    raise ValueError(
+      f"{n} questions, {len(references)} references, {len(completions)} completions for "
+      f"groups of {group_size}"
+    )
+  correct = np.asarray(correct_b, bool).reshape(n, group_size)
+  pos_idx = select_positives(correct, group_size, strategy, rng)
+  positives, negs = [""] * n, [""] * n
+  drop: list[str | None] = [None] * n
+  for p in range(n):
+    wrong = np.flatnonzero(~correct[p])
+    if pos_idx[p] < 0:
+      drop[p] = "no_positive"
+    elif wrong.size == 0:
+      drop[p] = "no_negative"
+    else:
+      positives[p] = completions[pos_idx[p]]
+      negs[p] = completions[p * group_size + int(rng.choice(wrong))]
+  return _pair_batch(
+    questions,
+    references,
+    positives,
+    negs,
+    pos_idx,
+    drop,
+    negative_tries=0,
+    rejects=dict.fromkeys(REJECT_REASONS, 0),
+    verifier_restarts=0,
+    negatives_s=0.0,
+    check_s=0.0,
+  )
