@@ -134,6 +134,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Rows per sampler call (0 = all rollouts in one call): bounds the KV cache and the
     # prefill activations when prompts_per_step * group_size rows do not fit at once.
     sample_batch_size=0,
+    # The trainer sees responses cut to the batch's longest, rounded up to this multiple
+    # (0 = always max_new_tokens): fewer padded positions in every policy step, at most
+    # max_new_tokens / multiple compiled widths (logged as policy/compiled_widths).
+    response_pad_multiple=32,
   )
 
   # negatives: "perturb" / "llm_rewrite" (made from the positive, the paper's design) or
@@ -249,6 +253,11 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     "train.max_to_keep",
     "rm.updates_per_step",
   )
+  if not isinstance(c.rollout.response_pad_multiple, int) or c.rollout.response_pad_multiple < 0:
+    raise ValueError(
+      "config.rollout.response_pad_multiple must be an int >= 0, got "
+      f"{c.rollout.response_pad_multiple!r}"
+    )
   if not isinstance(c.train.save_rollouts, int) or c.train.save_rollouts < 0:
     raise ValueError(
       f"config.train.save_rollouts must be an int >= 0, got {c.train.save_rollouts!r}"

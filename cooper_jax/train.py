@@ -18,6 +18,7 @@ any process stops all after the same step, with one checkpoint.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
@@ -226,6 +227,7 @@ class Run:
     for k in ("sampler_logp_abs_diff", "sampler_kl"):
       if k in per_update[0]:
         m[f"policy/{k}"] = float(per_update[0][k])
+    m["policy/compiled_widths"] = _compiled_count(self._policy_step)
     return {"policy/lr": lr, "policy/updates": n_updates, **m}
 
   def train_step(self) -> dict:
@@ -269,16 +271,18 @@ class Run:
       jnp.asarray(rewards), group, scale_by_std=c.policy.loss.scale_adv_by_std
     )
     bs, rows_sh = sharding.batch_sharding(self.mesh), sharding.batch_sharding(self.mesh, 1)
+    resp_len = ro.gather(out_mask.sum(1))
+    w = _bucket(int(resp_len.max()), c.rollout.response_pad_multiple, c.rollout.max_new_tokens)
     batch = {
       "prompt_tokens": dist.put_global(np.asarray(tok, np.int32), bs),
       "prompt_mask": dist.put_global(mask, bs),
-      "response_tokens": jax.device_put(out.tokens.astype(jnp.int32), bs),
-      "response_mask": jax.device_put(out.mask, bs),
+      "response_tokens": _first_columns(out.tokens.astype(jnp.int32), w),
+      "response_mask": _first_columns(out.mask, w),
       "advantages": dist.put_global(np.asarray(adv, np.float32), rows_sh),
-      "sampler_logp": jax.device_put(out.logprobs.astype(jnp.float32), bs),
+      "sampler_logp": _first_columns(out.logprobs.astype(jnp.float32), w),
     }
     m.update(self.policy_update(batch, step))
-    resp_len = ro.gather(out_mask.sum(1))
+    m["policy/response_width"] = w
     m["response/len_mean"] = float(resp_len.mean())
     m["response/truncated_frac"] = float(np.mean(resp_len == c.rollout.max_new_tokens))
     t_policy = time.perf_counter()
@@ -403,6 +407,25 @@ def train(c, workdir: str) -> Run:
       f"tensorboard: {run.workdir / 'tensorboard'}"
     )
   return run
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _first_columns(x, w: int):
+  """x[:, :w], rows staying where they are (the positions after w are padding)."""
+  return x[:, :w]
+
+
+def _bucket(n: int, multiple: int, cap: int) -> int:
+  """n rounded up to a multiple (at least one multiple), at most cap; multiple 0: cap."""
+  if multiple <= 0:
+    return cap
+  return min(cap, max(multiple, -(-n // multiple) * multiple))
+
+
+def _compiled_count(jitted) -> int:
+  """How many input shapes a jitted function has compiled for (-1 where jax does not say)."""
+  size = getattr(jitted, "_cache_size", None)
+  return int(size()) if callable(size) else -1
 
 
 def _check_processes(c) -> None:

@@ -43,7 +43,11 @@ curves = report.curves  # re-exported (tests, notebooks)
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--out", default="results/small_study")
-  p.add_argument("--workdir", default="runs/small_task", help="small-task artifacts")
+  p.add_argument(
+    "--workdir",
+    default="experiments/assets/small_task",
+    help="small-task artifacts (default: the shipped ones; another dir is built if missing)",
+  )
   p.add_argument("--seeds", default="0,1,2,3,4")
   p.add_argument(
     "--conditions",
