@@ -140,3 +140,25 @@ class MetricsWriter:
 def read_metrics(workdir: str | os.PathLike) -> list[dict]:
   path = as_path(workdir) / "metrics.jsonl"
   return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+def progress_line(step: int, recent: list[dict]) -> str:
+  """One line per evaluation: the interval's mean training reward and rule accuracy (what the
+  policy optimises vs what is true), the RM's within-group AUC, then the evaluation."""
+
+  def mean(key):
+    vals = [r[key] for r in recent if key in r]
+    return f"{np.mean(vals):.3f}" if vals else "-"
+
+  parts = [
+    f"step {step}: train reward {mean('reward/mean')}",
+    f"rule acc {mean('rule/acc')}",
+  ]
+  if any("rm/group_auc" in r for r in recent):
+    parts.append(f"RM within-group AUC {mean('rm/group_auc')}")
+  last = recent[-1]
+  if "eval/acc" in last:
+    parts.append(f"held-out acc {last['eval/acc']:.3f}")
+  if "eval/rm_pair_acc" in last:
+    parts.append(f"RM held-out pair acc {last['eval/rm_pair_acc']:.3f}")
+  return " | ".join(parts)

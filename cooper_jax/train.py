@@ -37,7 +37,7 @@ from cooper_jax import losses, optim, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa
 from cooper_jax.evaluate import evaluate_model
-from cooper_jax.metrics import JsonlLog, MetricsWriter
+from cooper_jax.metrics import JsonlLog, MetricsWriter, progress_line
 from cooper_jax.paths import as_path, write_text
 from cooper_jax.prompts import build_prompts
 from cooper_jax.reward_modes import Rollouts, make_reward_mode
@@ -380,6 +380,7 @@ def train(c, workdir: str) -> Run:
       dynamic_ncols=True,
       disable=not dist.is_primary(),
     )
+    recent = []  # this interval's step metrics, summarised at each evaluation
     while run.step < total:
       m = run.train_step()
       if c.train.eval_every and run.step % c.train.eval_every == 0:
@@ -389,6 +390,11 @@ def train(c, workdir: str) -> Run:
       bar.set_postfix(
         reward=f"{m['reward/mean']:.3f}", rule=f"{m['rule/acc']:.3f}", s=f"{m['time/step_s']:.1f}"
       )
+      recent.append(m)
+      if "eval/acc" in m or "eval/rm_pair_acc" in m:
+        if dist.is_primary():
+          bar.write(progress_line(run.step, recent))
+        recent = []
       # A signal reaches one process (a preempted host) or all: every process stops after the
       # same step, so they all take part in the one final save.
       stop = dist.any_process(_STOP["requested"])

@@ -54,3 +54,18 @@ def test_inactive_log_writes_nothing(tmp_path):
   log.append([{"step": 1}])
   log.close()
   assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_progress_line_summarises_the_interval():
+  from cooper_jax.metrics import progress_line  # pylint: disable=import-outside-toplevel
+
+  recent = [
+    {"reward/mean": 0.2, "rule/acc": 0.1, "rm/group_auc": 0.9},
+    {"reward/mean": 0.4, "rule/acc": 0.3, "eval/acc": 0.45, "eval/rm_pair_acc": 0.8},
+  ]
+  line = progress_line(10, recent)
+  assert line == (
+    "step 10: train reward 0.300 | rule acc 0.200 | RM within-group AUC 0.900 | "
+    "held-out acc 0.450 | RM held-out pair acc 0.800"
+  )
+  assert "AUC" not in progress_line(3, [{"reward/mean": 1.0, "rule/acc": 1.0, "eval/acc": 1.0}])

@@ -148,3 +148,70 @@ def test_rollouts_are_saved_per_step_and_resume_replaces_them(tmp_path):
   _train(tmp_path, "--config.reward_mode=rule", "--config.train.save_rollouts=3", steps=3)
   again = [json.loads(l) for l in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
   assert again[:6] == rows and [r["step"] for r in again[6:]] == [3, 3, 3]
+
+
+def test_bucket_rounds_up_within_the_cap():
+  from cooper_jax.train import _bucket  # pylint: disable=import-outside-toplevel
+
+  assert [_bucket(n, 32, 96) for n in (0, 1, 32, 33, 64, 65, 96)] == [32, 32, 32, 64, 64, 96, 96]
+  assert _bucket(20, 0, 96) == 96 and _bucket(90, 64, 96) == 96
+
+
+SMALL = str(ROOT / "experiments" / "small_task.py")
+
+
+def _small(workdir, cond, *overrides, steps=2):
+  """A few steps of the shipped small task (its policy answers some questions right)."""
+  cmd = [
+    sys.executable,
+    "-m",
+    "cooper_jax.train",
+    f"--config={SMALL}:{cond}",
+    f"--workdir={workdir}",
+    f"--config.train.steps={steps}",
+    "--config.train.eval_every=0",
+    "--config.rollout.prompts_per_step=4",
+    "--config.rollout.group_size=4",
+    *overrides,
+  ]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  return read_metrics(workdir)
+
+
+def test_response_width_cut_leaves_the_update_unchanged(tmp_path):
+  """Responses cut to the batch's longest (rounded up to 32) train the same policy as the
+  full max_new_tokens width: the cut positions are padding."""
+  cut = _small(tmp_path / "cut", "rule")
+  full = _small(tmp_path / "full", "rule", "--config.rollout.response_pad_multiple=0")
+  assert all(r["policy/response_width"] == 96 for r in full)
+  assert all(r["policy/response_width"] < 96 for r in cut)  # the SFT policy stops early
+  for a, b in zip(cut, full):
+    assert a["policy/loss"] == pytest.approx(b["policy/loss"], abs=1e-6)
+    assert a["rule/acc"] == b["rule/acc"]  # same rollouts: the params stayed equal
+  _, pa = _final_params(tmp_path / "cut", items=("policy",))
+  _, pb = _final_params(tmp_path / "full", items=("policy",))
+  import jax  # pylint: disable=import-outside-toplevel
+
+  for x, y in zip(jax.tree.leaves(pa["policy"]["params"]), jax.tree.leaves(pb["policy"]["params"])):
+    # Adam divides by sqrt(v): float reassociation in near-zero gradients moves a weight by up
+    # to ~lr/30 per step; a cut that dropped real tokens would change the losses above
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=5e-5)
+
+
+def test_rm_updates_per_step_and_on_policy_pairs(tmp_path):
+  """rm.updates_per_step=K takes K RM optimizer steps at every step that has pairs; on-policy
+  negatives are the group's own rejected rollouts (no candidates generated)."""
+  rows = _small(
+    tmp_path,
+    "cooper",
+    "--config.rm.updates_per_step=3",
+    "--config.pairs.negatives=on_policy",
+    steps=3,
+  )
+  updated = sum(r["rm_train/updated"] for r in rows)
+  assert updated >= 1, "no step formed a pair: the test needs the SFT policy's right answers"
+  assert all(r["pairs/negative_tries"] == 0 for r in rows)
+  _, state = _final_params(tmp_path)
+  assert int(state["rm"]["step"]) == 3 * updated
