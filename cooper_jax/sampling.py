@@ -4,6 +4,10 @@ The KV cache has a static shape [l, b, prompt_len + max_new_tokens, k, e]. Each 
 runs the same Transformer graph as training on one token per row, attending to the cache,
 and writes the step's keys/values back with a single dynamic_update_slice (in place inside the
 loop). The loop exits as soon as every row has emitted an end-of-sequence token.
+
+`sample` = `prefill` (the prompts' forward, the cache, the loop's initial DecodeState), then
+`decode_step` in the while_loop; cooper_jax.aot.decode compiles that same step alone for a TPU
+topology (tools/aot_decode.py).
 """
 
 from __future__ import annotations
@@ -85,6 +89,116 @@ def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
   return tok_b, jnp.take_along_axis(logp_bv, tok_b[:, None], axis=-1)[:, 0]
 
 
+class DecodeState(NamedTuple):
+  """The decode loop's carry. Step `step` samples a token per row from `logits_bv` [b, v]
+  float32, writes it to column `step` of tokens/logprobs/mask [b, n], feeds it through the
+  model (its keys/values go to cache slot cache.length) and leaves the next step's logits.
+  done_b [b]: rows that have emitted an end-of-sequence token (their later columns stay
+  pad_id / 0 / False)."""
+
+  step: jax.Array  # int32 scalar
+  cache: KVCache
+  logits_bv: jax.Array
+  done_b: jax.Array
+  tokens: jax.Array
+  logprobs: jax.Array
+  mask: jax.Array
+
+
+def prefill(
+  params,
+  tokens_bp,
+  mask_bp,
+  *,
+  cfg: ModelConfig,
+  max_new_tokens: int,
+  pad_id: int = 0,
+  group_size: int = 1,
+) -> tuple[DecodeState, jax.Array]:
+  """The prompts' forward pass: (the decode loop's initial state, next_pos_b [b], the RoPE
+  position of the token fed at step 0 of each row). The cache has p + max_new_tokens slots,
+  the prompt's keys/values in the first p; with group_size > 1 it holds G copies of each
+  prompt's (see `sample`)."""
+  model = Transformer(cfg)
+  variables = {"params": params}
+  n = max_new_tokens
+  mask_bp = mask_bp.astype(bool)
+  pos_bp = positions_from_mask(mask_bp)
+
+  h_bpd, (k_lbpke, v_lbpke) = model.apply(
+    variables, tokens_bp, pos_bp, mask_bp, method=Transformer.hidden
+  )
+  logits_bv = model.apply(variables, h_bpd[:, -1:], method=Transformer.logits)[:, 0]
+  if group_size > 1:
+    rows = lambda x, axis=0: jnp.repeat(x, group_size, axis=axis)
+    k_lbpke, v_lbpke = rows(k_lbpke, 1), rows(v_lbpke, 1)
+    mask_bp, pos_bp, logits_bv = rows(mask_bp), rows(pos_bp), rows(logits_bv)
+  b, p = mask_bp.shape
+  pad_kv = lambda x: jnp.pad(x.astype(cfg.jnp_dtype), ((0, 0), (0, 0), (0, n), (0, 0), (0, 0)))
+  cache = KVCache(
+    k=pad_kv(k_lbpke),
+    v=pad_kv(v_lbpke),
+    mask=jnp.concatenate([mask_bp, jnp.ones((b, n), bool)], axis=1),
+    length=jnp.int32(p),
+  )
+  state = DecodeState(
+    step=jnp.int32(0),
+    cache=cache,
+    logits_bv=logits_bv,
+    done_b=jnp.zeros((b,), bool),
+    tokens=jnp.full((b, n), pad_id, jnp.int32),
+    logprobs=jnp.zeros((b, n), jnp.float32),
+    mask=jnp.zeros((b, n), bool),
+  )
+  return state, pos_bp[:, -1] + 1
+
+
+def decode_step(
+  params,
+  state: DecodeState,
+  next_pos_b,
+  rng,
+  *,
+  cfg: ModelConfig,
+  temperature: float = 1.0,
+  top_p: float = 1.0,
+  top_k: int = 0,
+  eos_ids: Sequence[int] = (),
+  pad_id: int = 0,
+) -> DecodeState:
+  """One step of the decode loop, the body of `sample`'s while_loop (see DecodeState): sample
+  with jax.random.fold_in(rng, step), record, feed the token at position next_pos_b + step,
+  write its keys/values into the cache with one dynamic_update_slice, next logits."""
+  model = Transformer(cfg)
+  variables = {"params": params}
+  i, cache, logits_bv, done_b = state.step, state.cache, state.logits_bv, state.done_b
+  b = logits_bv.shape[0]
+  eos = jnp.asarray(eos_ids if eos_ids else [-1], jnp.int32)
+  tok_b, logp_b = _pick(logits_bv, jax.random.fold_in(rng, i), temperature, top_p, top_k)
+  live_b = ~done_b
+  out_tok = state.tokens.at[:, i].set(jnp.where(live_b, tok_b, pad_id))
+  out_logp = state.logprobs.at[:, i].set(jnp.where(live_b, logp_b, 0.0))
+  out_mask = state.mask.at[:, i].set(live_b)
+  done_b = done_b | jnp.isin(tok_b, eos)
+  # Feed the token: its keys/values go to slot p + i.
+  h_b1d, (k_new, v_new) = model.apply(
+    variables,
+    tok_b[:, None],
+    (next_pos_b + i)[:, None],
+    jnp.ones((b, 1), bool),
+    cache,
+    method=Transformer.hidden,
+  )
+  slot = (0, 0, cache.length, 0, 0)
+  cache = cache._replace(
+    k=jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype), slot),
+    v=jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype), slot),
+    length=cache.length + 1,
+  )
+  logits_bv = model.apply(variables, h_b1d, method=Transformer.logits)[:, 0]
+  return DecodeState(i + 1, cache, logits_bv, done_b, out_tok, out_logp, out_mask)
+
+
 @functools.partial(
   jax.jit,
   static_argnames=(
@@ -119,73 +233,39 @@ def sample(
   prompt (output rows u * G, prompt-major, as GRPO groups). Each prompt is prefilled once and
   its cache copied to its G rows, instead of prefilling G identical copies; the samples are
   those of the G-times-repeated batch with the same rng.
+
+  `prefill`, then `decode_step` in a while_loop until max_new_tokens or every row stopped
+  (cooper_jax.aot.decode compiles that same step alone for a TPU topology).
   """
-  model = Transformer(cfg)
-  variables = {"params": params}
-  n = max_new_tokens
-  mask_bp = mask_bp.astype(bool)
-  pos_bp = positions_from_mask(mask_bp)
-
-  h_bpd, (k_lbpke, v_lbpke) = model.apply(
-    variables, tokens_bp, pos_bp, mask_bp, method=Transformer.hidden
+  state, next_pos_b = prefill(
+    params,
+    tokens_bp,
+    mask_bp,
+    cfg=cfg,
+    max_new_tokens=max_new_tokens,
+    pad_id=pad_id,
+    group_size=group_size,
   )
-  logits_bv = model.apply(variables, h_bpd[:, -1:], method=Transformer.logits)[:, 0]
-  if group_size > 1:
-    rows = lambda x, axis=0: jnp.repeat(x, group_size, axis=axis)
-    k_lbpke, v_lbpke = rows(k_lbpke, 1), rows(v_lbpke, 1)
-    mask_bp, pos_bp, logits_bv = rows(mask_bp), rows(pos_bp), rows(logits_bv)
-  b, p = mask_bp.shape
-  pad_kv = lambda x: jnp.pad(x.astype(cfg.jnp_dtype), ((0, 0), (0, 0), (0, n), (0, 0), (0, 0)))
-  cache = KVCache(
-    k=pad_kv(k_lbpke),
-    v=pad_kv(v_lbpke),
-    mask=jnp.concatenate([mask_bp, jnp.ones((b, n), bool)], axis=1),
-    length=jnp.int32(p),
-  )
-  next_pos_b = pos_bp[:, -1] + 1
-  eos = jnp.asarray(eos_ids if eos_ids else [-1], jnp.int32)
 
-  def cond(state):
-    i, _, _, done_b, *_ = state
-    return (i < n) & ~jnp.all(done_b)
+  def cond(s: DecodeState):
+    return (s.step < max_new_tokens) & ~jnp.all(s.done_b)
 
-  def body(state):
-    i, cache, logits_bv, done_b, out_tok, out_logp, out_mask = state
-    tok_b, logp_b = _pick(logits_bv, jax.random.fold_in(rng, i), temperature, top_p, top_k)
-    live_b = ~done_b
-    out_tok = out_tok.at[:, i].set(jnp.where(live_b, tok_b, pad_id))
-    out_logp = out_logp.at[:, i].set(jnp.where(live_b, logp_b, 0.0))
-    out_mask = out_mask.at[:, i].set(live_b)
-    done_b = done_b | jnp.isin(tok_b, eos)
-    # Feed the token: its keys/values go to slot p + i.
-    h_b1d, (k_new, v_new) = model.apply(
-      variables,
-      tok_b[:, None],
-      (next_pos_b + i)[:, None],
-      jnp.ones((b, 1), bool),
-      cache,
-      method=Transformer.hidden,
+  def body(s: DecodeState):
+    return decode_step(
+      params,
+      s,
+      next_pos_b,
+      rng,
+      cfg=cfg,
+      temperature=temperature,
+      top_p=top_p,
+      top_k=top_k,
+      eos_ids=eos_ids,
+      pad_id=pad_id,
     )
-    slot = (0, 0, cache.length, 0, 0)
-    cache = cache._replace(
-      k=jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype), slot),
-      v=jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype), slot),
-      length=cache.length + 1,
-    )
-    logits_bv = model.apply(variables, h_b1d, method=Transformer.logits)[:, 0]
-    return i + 1, cache, logits_bv, done_b, out_tok, out_logp, out_mask
 
-  init = (
-    jnp.int32(0),
-    cache,
-    logits_bv,
-    jnp.zeros((b,), bool),
-    jnp.full((b, n), pad_id, jnp.int32),
-    jnp.zeros((b, n), jnp.float32),
-    jnp.zeros((b, n), bool),
-  )
-  _, _, _, _, out_tok, out_logp, out_mask = jax.lax.while_loop(cond, body, init)
-  return SampleOutput(out_tok, out_logp, out_mask)
+  state = jax.lax.while_loop(cond, body, state)
+  return SampleOutput(state.tokens, state.logprobs, state.mask)
 
 
 def generate(

@@ -1,0 +1,378 @@
+"""One decode step of the sampler compiled for a TPU topology, against its HBM floor.
+
+The step is cooper_jax.sampling.decode_step, the body of `sample`'s while_loop, jitted alone
+with the loop carry (DecodeState) donated as the loop keeps it in place, at the config's
+rollout shapes: rows = prompts_per_step x group_size (or rollout.sample_batch_size, the rows of
+one sampler call), a static cache of max_prompt_len + max_new_tokens slots in policy.dtype, the
+parameters in policy.param_dtype sharded as train.py shards them (sharding.PARAM_RULES on the
+config's mesh). The carry is split over data x fsdp on its row axis (replicated when the rows
+do not divide), the cache's kv-head axis over tensor when it divides (where the k/v
+projections put it).
+
+Reported per chip, one step:
+- xla_bytes: XLA's "bytes accessed" (compiled.cost_analysis()) of the step. XLA counts a
+  loop's body once, so the full-depth program's figure (kept as xla_bytes_raw) holds one layer
+  of the layer scan. The step at full depth is estimated as X1 + (n_layers - 1) x (X2 - X1),
+  X1 the same step with 1 layer, X2 with 2 layers and the layer scan unrolled (straight-line
+  code, every layer counted): one layer's cost in the step's own context. (On a 4-layer model,
+  this agrees with the fully unrolled step's figure within 1%; a layer compiled alone reads
+  ~15% less, missing what the step around it adds.) FLOPs likewise (xla_flops).
+- the floor: bytes any implementation must read per step: this chip's parameter shards (every
+  parameter once; an untied input embedding is really read only at the batch's rows) plus its
+  live KV cache, either the whole static cache (what today's attention reads: it scores every
+  slot and masks) or the average filled part over the decode, prompt + max_new_tokens / 2
+  slots. The prompt part counts every row's copy (the sampler copies a prompt's cache to its
+  group_size rows).
+- gathered_floor: the parameters as fsdp reads them: every chip gathers the whole weight set
+  (split only over tensor) each step, in the compute dtype (XLA casts the shards before the
+  all-gather), plus the whole cache: the floor of this sharding scheme.
+- seconds per step = bytes / the chip's HBM bandwidth (topology.CHIP_PEAKS), tokens/s = rows
+  per step over that (the slice's rate), and the analytic FLOPs / peak for comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from unittest import mock
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from cooper_jax import config as config_lib
+from cooper_jax import sharding
+from cooper_jax.aot.cost import forward_flops
+from cooper_jax.aot.models import ConfigError, abstract_params, device_bytes, model_config
+from cooper_jax.aot.topology import CHIP_PEAKS, GIB, TopologyError, count_chips, get_topology
+from cooper_jax.models.config import ModelConfig
+from cooper_jax.models.transformer import KVCache
+from cooper_jax.sampling import DecodeState, decode_step, prefill
+
+
+@dataclasses.dataclass
+class DecodeStepResult:
+  """One decode step on a topology; bytes/FLOPs per chip, one step; rates for the slice."""
+
+  config: str | None
+  topology: str
+  device_kind: str
+  chips: int
+  devices: int
+  mesh: dict[str, int]
+  rows: int  # decode rows (one token each per step)
+  prompt_len: int
+  new_tokens: int
+  cache_slots: int  # prompt_len + new_tokens
+  n_layers: int
+  dtype: str
+  param_dtype: str
+  hbm_bw: float  # per chip, B/s
+  peak_flops: float  # per chip, bf16 FLOP/s
+  xla_bytes: float  # the step at full depth: xla_bytes_1layer + (n_layers - 1) x layer
+  xla_bytes_raw: float | None  # cost_analysis of the full-depth program (layer body once)
+  xla_bytes_1layer: float  # the step with 1 layer
+  xla_bytes_layer: float  # 2-layer step (scan unrolled) - 1-layer step
+  xla_flops: float  # the same estimate of XLA's FLOPs
+  flops: float  # analytic matmul FLOPs (aot.cost.forward_flops), per chip
+  param_bytes: int  # this chip's parameter shards
+  gathered_param_bytes: float  # whole weight set / tensor in dtype: what fsdp reads per step
+  cache_bytes: int  # the whole static k + v cache on this chip
+  cache_avg_bytes: float  # its filled part, averaged over the decode
+  floor_bytes: float  # param_bytes + cache_bytes
+  floor_avg_bytes: float  # param_bytes + cache_avg_bytes
+  gathered_floor_bytes: float  # gathered_param_bytes + cache_bytes
+  ratio: float  # xla_bytes / floor_bytes
+  ratio_avg: float  # xla_bytes / floor_avg_bytes
+  step_s: float  # xla_bytes / hbm_bw
+  floor_s: float
+  floor_avg_s: float
+  gathered_floor_s: float
+  compute_s: float  # flops / peak_flops
+  tokens_per_s: float  # rows / step_s, the whole slice
+  floor_tokens_per_s: float
+  floor_avg_tokens_per_s: float
+  decode_s: float  # new_tokens x step_s: one sampler call's decode, every step taken
+  argument_gib: float | None = None  # XLA buffer assignment of the full-depth step, per device
+  temp_gib: float | None = None
+  peak_gib: float | None = None
+
+  def row(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def _axis_if_divides(mesh, axes, dim: int):
+  """`axes` (a mesh axis name or tuple of names) if their total size divides `dim`, else None."""
+  names = (axes,) if isinstance(axes, str) else tuple(axes)
+  size = 1
+  for a in names:
+    size *= mesh.shape[a]
+  return axes if size == 1 or dim % size == 0 else None
+
+
+def decode_shardings(cfg: ModelConfig, mesh, rows: int) -> DecodeState:
+  """NamedShardings of the decode carry: rows over data x fsdp, kv heads over tensor."""
+  b = _axis_if_divides(mesh, sharding.BATCH_AXES, rows)
+  kv = _axis_if_divides(mesh, "tensor", cfg.n_kv_heads) if mesh.shape["tensor"] > 1 else None
+  ns = lambda *spec: NamedSharding(mesh, P(*spec))
+  return DecodeState(
+    step=ns(),
+    cache=KVCache(
+      k=ns(None, b, None, kv, None), v=ns(None, b, None, kv, None), mask=ns(b, None), length=ns()
+    ),
+    logits_bv=ns(b, None),
+    done_b=ns(b),
+    tokens=ns(b, None),
+    logprobs=ns(b, None),
+    mask=ns(b, None),
+  )
+
+
+def _with(shapes, shardings):
+  return jax.tree.map(
+    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+  )
+
+
+def abstract_decode_inputs(
+  cfg: ModelConfig, mesh, rows: int, prompt_len: int, new_tokens: int, group_size: int = 1
+):
+  """(params, state, next_pos_b, rng) as ShapeDtypeStructs with shardings; the state's shapes
+  are those `sampling.prefill` makes (rows / group_size prompts of prompt_len tokens)."""
+  params = abstract_params(cfg, mesh)
+  u = rows // group_size
+  tok = jax.ShapeDtypeStruct((u, prompt_len), jnp.int32)
+  msk = jax.ShapeDtypeStruct((u, prompt_len), bool)
+  fill = functools.partial(prefill, cfg=cfg, max_new_tokens=new_tokens, group_size=group_size)
+  state_shapes, pos_shape = jax.eval_shape(fill, params, tok, msk)
+  shardings = decode_shardings(cfg, mesh, rows)
+  state = _with(state_shapes, shardings)
+  next_pos = jax.ShapeDtypeStruct(pos_shape.shape, pos_shape.dtype, sharding=shardings.done_b)
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(mesh))
+  return params, state, next_pos, rng
+
+
+def lower_decode_step(
+  cfg: ModelConfig,
+  mesh,
+  rows: int,
+  prompt_len: int,
+  new_tokens: int,
+  *,
+  group_size: int = 1,
+  temperature: float = 1.0,
+  top_p: float = 1.0,
+  top_k: int = 0,
+  eos_ids: tuple[int, ...] = (),
+  pad_id: int = 0,
+):
+  """(lowered sampling.decode_step, its abstract inputs): the carry donated and kept in its
+  shardings, as the while_loop holds it."""
+  inputs = abstract_decode_inputs(cfg, mesh, rows, prompt_len, new_tokens, group_size)
+  step = jax.jit(
+    functools.partial(
+      decode_step,
+      cfg=cfg,
+      temperature=temperature,
+      top_p=top_p,
+      top_k=top_k,
+      eos_ids=eos_ids,
+      pad_id=pad_id,
+    ),
+    donate_argnums=1,
+    out_shardings=decode_shardings(cfg, mesh, rows),
+  )
+  return step.lower(*inputs), inputs
+
+
+@contextlib.contextmanager
+def unrolled_layer_scan():
+  """Within it, Transformer's layer scan (flax.linen.scan, patched for the duration) is traced
+  fully unrolled: XLA then compiles every layer as straight-line code and its cost_analysis
+  counts each, where it counts a loop's body once. Only for measuring; not thread-safe."""
+  scan = nn.scan
+
+  def unrolled(target, **kw):
+    return scan(target, **{**kw, "unroll": kw.get("length") or 1})
+
+  with mock.patch.object(nn, "scan", unrolled):
+    yield
+
+
+def _cost(compiled) -> tuple[float, float]:
+  ca = compiled.cost_analysis()
+  ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+  return float(ca.get("bytes accessed", 0.0)), float(ca.get("flops", 0.0))
+
+
+def floor_bytes(cfg: ModelConfig, mesh, rows: int, prompt_len: int, new_tokens: int, group_size=1):
+  """(param bytes, whole-cache bytes, average filled-cache bytes) on one device: its shards of
+  the parameters and of the cache's k and v (the cache's valid-slot mask, 1 byte per slot per
+  row, is left out), no compile."""
+  params, state, _, _ = abstract_decode_inputs(cfg, mesh, rows, prompt_len, new_tokens, group_size)
+  cache = device_bytes((state.cache.k, state.cache.v))
+  avg = cache * (prompt_len + new_tokens / 2) / (prompt_len + new_tokens)
+  return device_bytes(params), cache, avg
+
+
+def decode_rows(c) -> int:
+  """Rows of one sampler call, as train.Run.rollout makes them."""
+  rows = c.rollout.prompts_per_step * c.rollout.group_size
+  return c.rollout.sample_batch_size or rows
+
+
+def topology_mesh(c, topology: str):
+  """(devices, device kind, chips, mesh) of the config's mesh on `topology`, as
+  aot.compile_iteration builds it. Raises TopologyError / ConfigError."""
+  devices = list(get_topology(topology).devices)
+  kind = devices[0].device_kind
+  if kind not in CHIP_PEAKS:
+    raise TopologyError(f"topology {topology!r}: no peak figures for device kind {kind!r}")
+  try:
+    config_lib.validate(c, len(devices))
+  except ValueError as e:
+    raise ConfigError(f"config on {topology} ({len(devices)} devices): {e}") from e
+  try:
+    mesh = sharding.make_mesh(**c.mesh, devices=devices)
+  except ValueError as e:
+    raise ConfigError(
+      f"config.mesh {dict(c.mesh)} on {topology} ({len(devices)} devices): {e}"
+    ) from e
+  return devices, kind, count_chips(devices), mesh
+
+
+def compile_decode_step(c, topology: str, *, config_name: str | None = None) -> DecodeStepResult:
+  """Compiles the policy's decode step for `topology` at the config's rollout shapes and
+  measures it against the floor (module docstring). Three programs: the full-depth step (its
+  memory, and the raw XLA figure), the 1-layer step and the 2-layer step with its layer scan
+  unrolled (the per-layer cost). Raises TopologyError / ConfigError."""
+  devices, kind, chips, mesh = topology_mesh(c, topology)
+  per_chip = len(devices) / chips
+  peaks = CHIP_PEAKS[kind]
+  cfg = model_config(c.policy, "lm")
+  ro = c.rollout
+  rows, g = decode_rows(c), ro.group_size
+  if rows % g:
+    raise ConfigError(f"rollout.sample_batch_size={rows} must hold whole groups of {g}")
+  p_len, n = ro.max_prompt_len, ro.max_new_tokens
+  kw = dict(
+    group_size=g,
+    temperature=ro.temperature,
+    top_p=ro.top_p,
+    top_k=ro.top_k,
+    eos_ids=(cfg.eos_id,) if cfg.eos_id is not None else (),
+    pad_id=cfg.pad_id or 0,
+  )
+  full = lower_decode_step(cfg, mesh, rows, p_len, n, **kw)[0].compile()
+  raw_bytes, _ = _cost(full)
+  b1, f1 = _cost(
+    lower_decode_step(cfg.replace(n_layers=1), mesh, rows, p_len, n, **kw)[0].compile()
+  )
+  bl, fl = 0.0, 0.0
+  if cfg.n_layers > 1:
+    with unrolled_layer_scan():
+      two = lower_decode_step(cfg.replace(n_layers=2), mesh, rows, p_len, n, **kw)[0]
+    b2, f2 = _cost(two.compile())
+    bl, fl = b2 - b1, f2 - f1
+  mem = full.memory_analysis()
+  # Per device -> per chip (v4's compile-only topologies list 2 TensorCores per chip).
+  xb = (b1 + (cfg.n_layers - 1) * bl) * per_chip
+  xf = (f1 + (cfg.n_layers - 1) * fl) * per_chip
+  par, cache, cache_avg = (x * per_chip for x in floor_bytes(cfg, mesh, rows, p_len, n, g))
+  itemsize = jnp.dtype(cfg.jnp_dtype).itemsize
+  gathered = cfg.num_params() * itemsize / mesh.shape["tensor"] * per_chip
+  flops = forward_flops(cfg, rows, 1, p_len + n + 1, 1) / chips
+  bw, peak = peaks["hbm_bw"], peaks["flops"]
+  floor, floor_avg, g_floor = par + cache, par + cache_avg, gathered + cache
+  gib = lambda x: None if x is None else x / GIB
+  arg, temp = getattr(mem, "argument_size_in_bytes", None), getattr(mem, "temp_size_in_bytes", None)
+  out, alias = getattr(mem, "output_size_in_bytes", 0), getattr(mem, "alias_size_in_bytes", 0)
+  return DecodeStepResult(
+    config=config_name,
+    topology=topology,
+    device_kind=kind,
+    chips=chips,
+    devices=len(devices),
+    mesh=dict(mesh.shape),
+    rows=rows,
+    prompt_len=p_len,
+    new_tokens=n,
+    cache_slots=p_len + n,
+    n_layers=cfg.n_layers,
+    dtype=cfg.dtype,
+    param_dtype=cfg.param_dtype,
+    hbm_bw=bw,
+    peak_flops=peak,
+    xla_bytes=xb,
+    xla_bytes_raw=raw_bytes * per_chip,
+    xla_bytes_1layer=b1 * per_chip,
+    xla_bytes_layer=bl * per_chip,
+    xla_flops=xf,
+    flops=flops,
+    param_bytes=int(par),
+    gathered_param_bytes=gathered,
+    cache_bytes=int(cache),
+    cache_avg_bytes=cache_avg,
+    floor_bytes=floor,
+    floor_avg_bytes=floor_avg,
+    gathered_floor_bytes=g_floor,
+    ratio=xb / floor,
+    ratio_avg=xb / floor_avg,
+    step_s=xb / bw,
+    floor_s=floor / bw,
+    floor_avg_s=floor_avg / bw,
+    gathered_floor_s=g_floor / bw,
+    compute_s=flops / peak,
+    tokens_per_s=rows * bw / xb,
+    floor_tokens_per_s=rows * bw / floor,
+    floor_avg_tokens_per_s=rows * bw / floor_avg,
+    decode_s=n * xb / bw,
+    argument_gib=gib(arg),
+    temp_gib=gib(temp),
+    peak_gib=None if arg is None or temp is None else (arg + out - alias + temp) / GIB,
+  )
+
+
+def format_decode(r: DecodeStepResult) -> str:
+  """A markdown table of one decode step against its floors, with a header."""
+  per = r.devices // r.chips
+  lines = [
+    f"decode step of {r.config or 'the config'} on {r.topology}: {r.chips} chips "
+    f"({r.device_kind}, {per} device(s) per chip), mesh {r.mesh}; {r.rows} rows x "
+    f"{r.cache_slots} cache slots ({r.prompt_len} prompt + {r.new_tokens} new), {r.n_layers} "
+    f"layers, compute {r.dtype}, params {r.param_dtype}; chip HBM {r.hbm_bw / 1e9:.0f} GB/s, "
+    f"peak {r.peak_flops / 1e12:.0f} TFLOP/s",
+    f"XLA bytes accessed per chip: 1-layer step {r.xla_bytes_1layer / 1e9:.4g} GB + "
+    f"{r.n_layers - 1} x one layer {r.xla_bytes_layer / 1e9:.4g} GB (the full-depth program "
+    f"reports {(r.xla_bytes_raw or 0) / 1e9:.4g} GB: its layer loop counted once); "
+    f"memory: arguments {r.argument_gib or 0:.4g} GiB, temporaries {r.temp_gib or 0:.4g} GiB "
+    "per device",
+    "",
+    "| per chip, one decode step | GB | x floor | ms / step | tokens/s (slice) |",
+    "|---|---|---|---|---|",
+  ]
+  rows: list[tuple[str, float, float]] = [
+    ("XLA bytes accessed", r.xla_bytes, r.step_s),
+    ("floor: param shards + whole static cache", r.floor_bytes, r.floor_s),
+    ("floor: param shards + filled cache (avg)", r.floor_avg_bytes, r.floor_avg_s),
+    ("fsdp floor: gathered params + whole cache", r.gathered_floor_bytes, r.gathered_floor_s),
+  ]
+  for name, b, s in rows:
+    lines.append(
+      f"| {name} | {b / 1e9:.4g} | {b / r.floor_bytes:.2f} | {s * 1e3:.4g} | {r.rows / s:,.0f} |"
+    )
+  lines.append(
+    f"| compute: {r.flops / 1e12:.4g} TFLOP / peak | - | - | {r.compute_s * 1e3:.4g} | "
+    f"{r.rows / r.compute_s:,.0f} |"
+  )
+  lines.append(
+    f"\nparams {r.param_bytes / 1e9:.4g} GB/chip (gathered {r.gathered_param_bytes / 1e9:.4g}), "
+    f"cache {r.cache_bytes / 1e9:.4g} GB/chip (filled avg {r.cache_avg_bytes / 1e9:.4g}); "
+    f"XLA / floor {r.ratio:.2f} (whole cache), {r.ratio_avg:.2f} (filled); "
+    f"{r.new_tokens} steps at the XLA figure: {r.decode_s:.4g} s"
+  )
+  return "\n".join(lines)

@@ -1,0 +1,268 @@
+"""The sampler's decode step (sampling.prefill + decode_step, what `sample` loops over), its
+TPU compile against the HBM floor (cooper_jax.aot.decode, tools/aot_decode.py) and
+policy_step's roofline MFU (cooper_jax.aot.mfu). The compiles need libtpu and are skipped
+without it."""
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from cooper_jax.config import load_config
+from cooper_jax.models.config import ModelConfig
+from cooper_jax.models.transformer import init_params
+from cooper_jax.prompts import left_pad
+from cooper_jax.sampling import decode_step, prefill, sample
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPOLOGY = "v5e:2x2"  # 4 chips: the tiny config's 4 prompts split over them
+needs_libtpu = pytest.mark.skipif(
+  importlib.util.find_spec("libtpu") is None, reason="libtpu not installed (requirements.txt)"
+)
+
+TINY = ModelConfig(
+  vocab_size=97,
+  d_model=48,
+  n_layers=2,
+  n_heads=6,
+  n_kv_heads=2,
+  head_dim=8,
+  d_ff=96,
+  qkv_bias=True,
+  family="qwen2",
+)
+PAD = 0
+ROWS = [[5, 17, 33, 2, 9], [40, 41], [7, 8, 9, 10, 11, 12, 13]]
+
+
+@pytest.mark.parametrize(
+  "kw",
+  [
+    dict(temperature=0.0),
+    dict(temperature=1.0, top_p=0.9, group_size=3),
+    dict(temperature=0.7, top_k=5, eos_ids=tuple(range(1, 97, 2))),  # odd ids stop
+  ],
+  ids=["greedy", "top_p_groups", "top_k_eos"],
+)
+def test_sample_is_prefill_then_decode_steps(kw):
+  """`sample` = prefill + decode_step max_new_tokens times (its while_loop only stops early
+  once every row is done, after which a step writes nothing): the step compiled alone for the
+  TPU is the sampler's own."""
+  kw = dict(kw)
+  params = init_params(TINY, jax.random.key(0))
+  params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape), params)
+  toks, mask, _ = left_pad(ROWS, PAD, pad_to_multiple=8)
+  n, rng = 9, jax.random.key(4)
+  out = sample(params, toks, mask, rng, cfg=TINY, max_new_tokens=n, pad_id=PAD, **kw)
+  g = kw.pop("group_size", 1)
+  state, next_pos = prefill(
+    params, toks, mask, cfg=TINY, max_new_tokens=n, pad_id=PAD, group_size=g
+  )
+  step = jax.jit(functools.partial(decode_step, cfg=TINY, pad_id=PAD, **kw))
+  for _ in range(n):
+    state = step(params, state, next_pos, rng)
+  assert int(state.step) == n and int(state.cache.length) == toks.shape[1] + n
+  np.testing.assert_array_equal(state.tokens, out.tokens)
+  np.testing.assert_array_equal(state.mask, out.mask)
+  np.testing.assert_allclose(state.logprobs, out.logprobs, atol=1e-5)
+  if "eos_ids" in kw:  # every row stops before the end: the while_loop exits early
+    assert not np.asarray(out.mask)[:, -1].any(), out.mask
+
+
+# experiments/tiny.py's policy (random model, float32) on 4 chips, params split over fsdp.
+TINY_OVERRIDES = ("rollout.prompts_per_step=4", "mesh.data=1", "mesh.fsdp=-1")
+
+
+def _tiny_config(*extra):
+  return load_config(str(ROOT / "experiments" / "tiny.py"), TINY_OVERRIDES + extra)
+
+
+def _tiny_floor_by_hand(c, fsdp: int, tensor: int = 1):
+  """Per-device parameter and k+v cache bytes of the tiny config, from sharding.PARAM_RULES:
+  the embedding [v, d] split on d over fsdp (tied: it is the LM head too), q/k/v/o and the MLP
+  split over fsdp on d (and tensor on heads / d_ff), norms replicated; float32. The cache
+  [l, rows, slots, kv heads, head_dim] split over fsdp on rows (tensor on kv heads)."""
+  m = c.policy.random_model
+  d, layers, h, k, e, ff, v = (
+    m.d_model,
+    m.n_layers,
+    m.n_heads,
+    m.n_kv_heads,
+    m.head_dim,
+    m.d_ff,
+    m.vocab_size,
+  )
+  split = v * d + layers * (d * e * (2 * h + 2 * k) + 3 * d * ff)
+  assert not m.qkv_bias and m.tie_embeddings
+  params = 4 * (split // (fsdp * tensor) + (2 * layers + 1) * d)
+  rows = c.rollout.prompts_per_step * c.rollout.group_size
+  slots = c.rollout.max_prompt_len + c.rollout.max_new_tokens
+  cache = 2 * 4 * layers * rows * slots * k * e // (fsdp * tensor)
+  return params, cache
+
+
+@pytest.fixture(scope="module")
+def tiny_decode():
+  from cooper_jax.aot import decode
+
+  c = _tiny_config()
+  return c, decode.compile_decode_step(c, TOPOLOGY, config_name="tiny")
+
+
+@needs_libtpu
+def test_decode_floor_is_params_plus_cache(tiny_decode):
+  c, r = tiny_decode
+  params, cache = _tiny_floor_by_hand(c, fsdp=4)
+  assert (r.chips, r.devices, r.mesh) == (4, 4, {"data": 1, "fsdp": 4, "tensor": 1})
+  assert (r.rows, r.cache_slots, r.n_layers) == (16, 272, 2)
+  assert r.param_bytes == params == 3_220_736
+  assert r.cache_bytes == cache == 557_056
+  assert r.floor_bytes == params + cache
+  assert r.cache_avg_bytes == pytest.approx(cache * (256 + 16 / 2) / 272)
+  assert r.floor_avg_bytes == pytest.approx(params + r.cache_avg_bytes)
+  m = c.policy.random_model
+  n_params = ModelConfig(**m.to_dict()).num_params()
+  assert r.gathered_param_bytes == 4 * n_params  # float32 compute, tensor=1
+  # Rates: bytes / v5e's 819 GB/s, the slice's 16 tokens per step.
+  assert r.hbm_bw == 819e9
+  assert r.step_s == pytest.approx(r.xla_bytes / 819e9)
+  assert r.floor_s == pytest.approx(r.floor_bytes / 819e9)
+  assert r.tokens_per_s == pytest.approx(16 / r.step_s)
+  assert r.floor_tokens_per_s == pytest.approx(16 / r.floor_s)
+  assert r.decode_s == pytest.approx(16 * r.step_s)
+  assert r.ratio == pytest.approx(r.xla_bytes / r.floor_bytes)
+  # XLA reads at least the floor; depth: 1-layer step + one more layer = the 2-layer step.
+  assert r.xla_bytes >= r.floor_bytes and r.xla_bytes_layer > 0
+  assert r.xla_bytes == pytest.approx(r.xla_bytes_1layer + r.xla_bytes_layer)
+  assert r.argument_gib > 0 and r.peak_gib >= r.argument_gib
+  assert json.loads(json.dumps(r.row()))["floor_bytes"] == params + cache
+
+
+@needs_libtpu
+def test_decode_floor_with_tensor_parallel():
+  """tensor=2 splits the kv heads of the cache (and the heads / d_ff of the weights)."""
+  from cooper_jax import aot, sharding
+  from cooper_jax.aot import decode
+  from cooper_jax.aot.models import model_config
+
+  c = _tiny_config("mesh.fsdp=2", "mesh.tensor=2")
+  devices = aot.get_topology(TOPOLOGY).devices
+  mesh = sharding.make_mesh(**c.mesh, devices=devices)
+  cfg = model_config(c.policy, "lm")
+  par, cache, _ = decode.floor_bytes(cfg, mesh, 16, 256, 16, 4)
+  want_par, want_cache = _tiny_floor_by_hand(c, fsdp=2, tensor=2)
+  assert cache == want_cache
+  # The embedding [v, d] is split over (tensor, fsdp) too, so the hand count holds.
+  assert par == want_par
+
+
+@needs_libtpu
+def test_depth_estimate_matches_the_unrolled_step():
+  """xla_bytes extrapolates from the 1-layer and 2-layer steps; on a 3-layer model it must
+  match XLA's figure for the whole step with its layer scan unrolled (every layer counted),
+  and the patched scan is restored afterwards."""
+  from cooper_jax.aot import decode
+  from cooper_jax.aot.models import model_config
+
+  c = _tiny_config("policy.random_model.n_layers=3")
+  r = decode.compile_decode_step(c, TOPOLOGY)
+  _, _, _, mesh = decode.topology_mesh(c, TOPOLOGY)
+  scan = nn.scan
+  with decode.unrolled_layer_scan():
+    assert nn.scan is not scan
+    low = decode.lower_decode_step(model_config(c.policy, "lm"), mesh, 16, 256, 16, group_size=4)
+  assert nn.scan is scan
+  ca = low[0].compile().cost_analysis()
+  ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+  assert r.xla_bytes == pytest.approx(ca["bytes accessed"], rel=0.05)
+  assert r.xla_flops == pytest.approx(ca["flops"], rel=0.02)
+  assert r.xla_bytes > r.xla_bytes_1layer
+
+
+def test_mfu_of_a_hand_made_row():
+  from cooper_jax.aot import mfu
+
+  c = _tiny_config()  # random model: v 49152, d 64, 2 layers, 4 heads (2 kv) of 16, ff 128
+  row = dict(
+    function="policy_step",
+    config="tiny",
+    topology="v5e:2x4",
+    chips=8,
+    devices=8,
+    calls=2,
+    flops=3.0e12,
+    roofline_s=0.01,
+  )
+  c.policy.ppo_mini_batch_size = 8  # 16 rows -> 2 updates of 8 rows
+  got = mfu.policy_step_mfu(row, c)
+  # Non-embedding: 2 x (q,o 64x4x16 + k,v 64x2x16 = 12288; MLP 3x64x128 = 24576; 2 norms 128)
+  # + final norm 64 (tied head: nothing else).
+  n = 2 * (12288 + 24576 + 128) + 64
+  assert got["non_embedding_params"] == n == 74_048
+  tokens = 2 * 8 * (256 + 16)
+  attn = 2 * 8 * 12 * 2 * 4 * 16 * 272 * 272  # updates x rows x 12 L h e seq^2
+  model = 6 * n * tokens + attn
+  assert got["tokens"] == tokens
+  assert got["model_flops"] == model
+  assert got["mfu"] == pytest.approx(model / (8 * 197e12 * 0.01))
+  head = 6 * 64 * 49152 * 8 * 16 * 2  # the LM head on 16 response positions, 2 updates
+  assert got["mfu_with_head"] == pytest.approx((model + head) / (8 * 197e12 * 0.01))
+  assert got["hfu"] == pytest.approx(3.0e12 * 8 / (8 * 197e12 * 0.01))
+  assert mfu.mfu(1e15, 4, 275e12, 2.0) == pytest.approx(1e15 / (4 * 275e12 * 2.0))
+  for topo, peak in (("v5e:2x4", 197e12), ("v4:2x2x1", 275e12), ("v5p:2x2x1", 459e12)):
+    assert mfu.chip_peak_flops(topo) == peak
+  with pytest.raises(ValueError, match="rm_step"):
+    mfu.policy_step_mfu(dict(row, function="rm_step"), c)
+
+
+def _cli(*args):
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  return subprocess.run(
+    [sys.executable, str(ROOT / "tools" / "aot_decode.py"), *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+
+
+def test_cli_mfu_from_recorded_rows(tmp_path):
+  src = ROOT / "results" / "aot" / "paper_all_v5e-2x4.jsonl"
+  if not src.is_file():
+    pytest.skip("no recorded results")
+  out = tmp_path / "mfu.jsonl"
+  p = _cli("--mfu_from", str(src), "--json_out", str(out))
+  assert p.returncode == 0, p.stderr
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert {r["config"] for r in rows} >= {"paper.py:qwen,cooper", "paper.py:llama,rule"}
+  (qwen,) = [r for r in rows if r["config"] == "paper.py:qwen,cooper"]
+  # 6 x 1.31e9 non-embedding params x 1024 x 1024 tokens + attention, over 8 x 197e12 x 8.06 s.
+  assert qwen["mfu"] == pytest.approx(0.69, abs=0.01)
+  assert 0 < qwen["mfu"] < qwen["mfu_with_head"] <= qwen["hfu"] <= 1.0 + 1e-9
+  assert "| paper.py:qwen,cooper | v5e:2x4 |" in p.stdout
+
+
+@needs_libtpu
+def test_cli_decode_tiny_and_errors(tmp_path):
+  out = tmp_path / "decode.jsonl"
+  args = [f"--config.{o}" for o in TINY_OVERRIDES]
+  p = _cli("--config", "experiments/tiny.py", *args, "--topology", TOPOLOGY, "--json_out", str(out))
+  assert p.returncode == 0, p.stderr
+  (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+  assert row["floor_bytes"] == 3_220_736 + 557_056 and row["topology"] == TOPOLOGY
+  assert "| XLA bytes accessed |" in p.stdout and "floor" in p.stdout
+  p = _cli("--config", "experiments/tiny.py", *args, "--topology", "v9:1x1")
+  assert p.returncode == 2 and "v9:1x1" in p.stderr, p.stderr
+  p = _cli("--config", "experiments/tiny.py", "--topology", TOPOLOGY)  # 2 prompts on 4 chips
+  assert p.returncode == 2 and "divisible" in p.stderr, p.stderr
+  p = _cli("--topology", TOPOLOGY)
+  assert p.returncode == 2 and "--config" in p.stderr, p.stderr
