@@ -136,7 +136,7 @@ def base_config() -> ml_collections.ConfigDict:
     sample_batch_size=0,
     # The trainer sees responses cut to the batch's longest, rounded up to this multiple
     # (0 = always max_new_tokens): fewer padded positions in every policy step, at most
-    # max_new_tokens / multiple compiled widths (logged as policy/compiled_widths).
+    # max_new_tokens / multiple compiled widths (logged as policy/step_compiles).
     response_pad_multiple=32,
   )
 

@@ -227,7 +227,7 @@ class Run:
     for k in ("sampler_logp_abs_diff", "sampler_kl"):
       if k in per_update[0]:
         m[f"policy/{k}"] = float(per_update[0][k])
-    m["policy/compiled_widths"] = _compiled_count(self._policy_step)
+    m["policy/step_compiles"] = _compiled_count(self._policy_step)
     return {"policy/lr": lr, "policy/updates": n_updates, **m}
 
   def train_step(self) -> dict:
@@ -283,6 +283,10 @@ class Run:
     }
     m.update(self.policy_update(batch, step))
     m["policy/response_width"] = w
+    m["rollout/prompt_width"] = int(tok.shape[1])
+    m["rollout/sampler_compiles"] = _compiled_count(
+      sample
+    )  # shapes compiled so far (rollouts and evaluation)
     m["response/len_mean"] = float(resp_len.mean())
     m["response/truncated_frac"] = float(np.mean(resp_len == c.rollout.max_new_tokens))
     t_policy = time.perf_counter()

@@ -187,6 +187,12 @@ def test_response_width_cut_leaves_the_update_unchanged(tmp_path):
   full = _small(tmp_path / "full", "rule", "--config.rollout.response_pad_multiple=0")
   assert all(r["policy/response_width"] == 96 for r in full)
   assert all(r["policy/response_width"] < 96 for r in cut)  # the SFT policy stops early
+  # one compiled policy step per (prompt, response) width, one sampler per prompt width
+  for rows in (cut, full):
+    widths = {(r["rollout/prompt_width"], r["policy/response_width"]) for r in rows}
+    assert rows[-1]["policy/step_compiles"] == len(widths)
+  for rows in (cut, full):
+    assert rows[-1]["rollout/sampler_compiles"] == len({r["rollout/prompt_width"] for r in rows})
   for a, b in zip(cut, full):
     assert a["policy/loss"] == pytest.approx(b["policy/loss"], abs=1e-6)
     assert a["rule/acc"] == b["rule/acc"]  # same rollouts: the params stayed equal
