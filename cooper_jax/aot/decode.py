@@ -43,11 +43,11 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cooper_jax import config as config_lib
 from cooper_jax import sharding
 from cooper_jax.aot.cost import forward_flops
 from cooper_jax.aot.models import ConfigError, abstract_params, device_bytes, model_config
-from cooper_jax.aot.topology import CHIP_PEAKS, GIB, TopologyError, count_chips, get_topology
+from cooper_jax.aot.report import topology_mesh
+from cooper_jax.aot.topology import CHIP_PEAKS, GIB
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import KVCache
 from cooper_jax.sampling import DecodeState, decode_step, prefill
@@ -223,26 +223,6 @@ def decode_rows(c) -> int:
   """Rows of one sampler call, as train.Run.rollout makes them."""
   rows = c.rollout.prompts_per_step * c.rollout.group_size
   return c.rollout.sample_batch_size or rows
-
-
-def topology_mesh(c, topology: str):
-  """(devices, device kind, chips, mesh) of the config's mesh on `topology`, as
-  aot.compile_iteration builds it. Raises TopologyError / ConfigError."""
-  devices = list(get_topology(topology).devices)
-  kind = devices[0].device_kind
-  if kind not in CHIP_PEAKS:
-    raise TopologyError(f"topology {topology!r}: no peak figures for device kind {kind!r}")
-  try:
-    config_lib.validate(c, len(devices))
-  except ValueError as e:
-    raise ConfigError(f"config on {topology} ({len(devices)} devices): {e}") from e
-  try:
-    mesh = sharding.make_mesh(**c.mesh, devices=devices)
-  except ValueError as e:
-    raise ConfigError(
-      f"config.mesh {dict(c.mesh)} on {topology} ({len(devices)} devices): {e}"
-    ) from e
-  return devices, kind, count_chips(devices), mesh
 
 
 def compile_decode_step(c, topology: str, *, config_name: str | None = None) -> DecodeStepResult:

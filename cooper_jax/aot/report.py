@@ -104,26 +104,13 @@ def _measure(lowered) -> tuple[tuple[int, int, int, int, int | None, float, floa
   ), ""
 
 
-def compile_iteration(
-  c, topology: str, *, only: tuple[str, ...] | None = None, cache: dict | None = None
-) -> Report:
-  """Compiles the iteration's functions for `topology` and measures each one.
-
-  `only` restricts to some function names (aot.FUNCTIONS). `cache`, a dict the caller keeps,
-  reuses the measurement of a program already compiled for the same topology in this process
-  (keyed by its lowered text: the rule/static_rm/cooper variants share the policy's programs).
-  Raises TopologyError / ConfigError.
-  """
-  topo = get_topology(topology)
-  devices = list(topo.devices)
+def topology_mesh(c, topology: str):
+  """(devices, device kind, chips, mesh): the config's mesh on the TPU topology `topology`.
+  Raises TopologyError / ConfigError."""
+  devices = list(get_topology(topology).devices)
   kind = devices[0].device_kind
   if kind not in CHIP_PEAKS:
     raise TopologyError(f"topology {topology!r}: no peak figures for device kind {kind!r}")
-  chips = count_chips(devices)
-  per_chip = len(devices) / chips
-  peaks = CHIP_PEAKS[kind]
-  flops_s, bw = peaks["flops"] / per_chip, peaks["hbm_bw"] / per_chip
-  hbm = usable_hbm_bytes(devices) or int(peaks["hbm"] / per_chip)
   try:
     config_lib.validate(c, len(devices))
   except ValueError as e:
@@ -134,6 +121,24 @@ def compile_iteration(
     raise ConfigError(
       f"config.mesh {dict(c.mesh)} on {topology} ({len(devices)} devices): {e}"
     ) from e
+  return devices, kind, count_chips(devices), mesh
+
+
+def compile_iteration(
+  c, topology: str, *, only: tuple[str, ...] | None = None, cache: dict | None = None
+) -> Report:
+  """Compiles the iteration's functions for `topology` and measures each one.
+
+  `only` restricts to some function names (aot.FUNCTIONS). `cache`, a dict the caller keeps,
+  reuses the measurement of a program already compiled for the same topology in this process
+  (keyed by its lowered text: the rule/static_rm/cooper variants share the policy's programs).
+  Raises TopologyError / ConfigError.
+  """
+  devices, kind, chips, mesh = topology_mesh(c, topology)
+  per_chip = len(devices) / chips
+  peaks = CHIP_PEAKS[kind]
+  flops_s, bw = peaks["flops"] / per_chip, peaks["hbm_bw"] / per_chip
+  hbm = usable_hbm_bytes(devices) or int(peaks["hbm"] / per_chip)
   fns, persistent = build_functions(c, mesh)
   resident_base = sum(persistent.values())
   results = []
