@@ -1,9 +1,10 @@
 """Compiled sampling: one jit holds prefill and the whole decode loop (a lax.while_loop).
 
-The KV cache has a static shape [l, b, prompt_len + max_new_tokens, k, e]. Each decode step
-runs the same Transformer graph as training on one token per row, attending to the cache,
-and writes the step's keys/values back with a single dynamic_update_slice (in place inside the
-loop). The loop exits as soon as every row has emitted an end-of-sequence token.
+The KV cache has a static shape per layer, [b, k, prompt_len + max_new_tokens, e]. Each decode
+step runs the training graph's layers (transformer.decode_hidden: the same Block, unrolled, on
+per-layer weights split once per call) on one token per row; each layer writes its key/value
+into its own cache buffer in place and attends over it. The loop exits as soon as every row
+has emitted an end-of-sequence token.
 
 `sample` = `prefill` (the prompts' forward, the cache, the loop's initial DecodeState), then
 `decode_step` in the while_loop; cooper_jax.aot.decode compiles that same step alone for a TPU
@@ -21,7 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from cooper_jax.models.config import ModelConfig
-from cooper_jax.models.transformer import KVCache, Transformer, positions_from_mask
+from cooper_jax.models.transformer import (
+  KVCache,
+  Transformer,
+  decode_hidden,
+  positions_from_mask,
+  split_layers,
+)
 
 
 class SampleOutput(NamedTuple):
@@ -92,7 +99,8 @@ def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
 class DecodeState(NamedTuple):
   """The decode loop's carry. Step `step` samples a token per row from `logits_bv` [b, v]
   float32, writes it to column `step` of tokens/logprobs/mask [b, n], feeds it through the
-  model (its keys/values go to cache slot cache.length) and leaves the next step's logits.
+  model (its keys/values go to cache slot cache.length of every layer) and leaves the next
+  step's logits.
   done_b [b]: rows that have emitted an end-of-sequence token (their later columns stay
   pad_id / 0 / False)."""
 
@@ -134,7 +142,11 @@ def prefill(
     k_lbpke, v_lbpke = rows(k_lbpke, 1), rows(v_lbpke, 1)
     mask_bp, pos_bp, logits_bv = rows(mask_bp), rows(pos_bp), rows(logits_bv)
   b, p = mask_bp.shape
-  pad_kv = lambda x: jnp.pad(x.astype(cfg.jnp_dtype), ((0, 0), (0, 0), (0, n), (0, 0), (0, 0)))
+  # [l, b, p, k, e] -> per layer the cache's [b, k, p + n, e], once per call.
+  pad_kv = lambda x_lbpke: tuple(
+    jnp.pad(jnp.swapaxes(x.astype(cfg.jnp_dtype), 1, 2), ((0, 0), (0, 0), (0, n), (0, 0)))
+    for x in x_lbpke
+  )
   cache = KVCache(
     k=pad_kv(k_lbpke),
     v=pad_kv(v_lbpke),
@@ -167,12 +179,10 @@ def decode_step(
   pad_id: int = 0,
 ) -> DecodeState:
   """One step of the decode loop, the body of `sample`'s while_loop (see DecodeState): sample
-  with jax.random.fold_in(rng, step), record, feed the token at position next_pos_b + step,
-  write its keys/values into the cache with one dynamic_update_slice, next logits."""
-  model = Transformer(cfg)
-  variables = {"params": params}
-  i, cache, logits_bv, done_b = state.step, state.cache, state.logits_bv, state.done_b
-  b = logits_bv.shape[0]
+  with jax.random.fold_in(rng, step), record, feed the token at position next_pos_b + step (its
+  keys/values written into every layer's cache in place), next logits. params as
+  transformer.split_layers makes them."""
+  i, logits_bv, done_b = state.step, state.logits_bv, state.done_b
   eos = jnp.asarray(eos_ids if eos_ids else [-1], jnp.int32)
   tok_b, logp_b = _pick(logits_bv, jax.random.fold_in(rng, i), temperature, top_p, top_k)
   live_b = ~done_b
@@ -180,22 +190,9 @@ def decode_step(
   out_logp = state.logprobs.at[:, i].set(jnp.where(live_b, logp_b, 0.0))
   out_mask = state.mask.at[:, i].set(live_b)
   done_b = done_b | jnp.isin(tok_b, eos)
-  # Feed the token: its keys/values go to slot p + i.
-  h_b1d, (k_new, v_new) = model.apply(
-    variables,
-    tok_b[:, None],
-    (next_pos_b + i)[:, None],
-    jnp.ones((b, 1), bool),
-    cache,
-    method=Transformer.hidden,
-  )
-  slot = (0, 0, cache.length, 0, 0)
-  cache = cache._replace(
-    k=jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype), slot),
-    v=jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype), slot),
-    length=cache.length + 1,
-  )
-  logits_bv = model.apply(variables, h_b1d, method=Transformer.logits)[:, 0]
+  h_b1d, cache = decode_hidden(cfg, params, tok_b[:, None], (next_pos_b + i)[:, None], state.cache)
+  variables = {"params": {k: v for k, v in params.items() if k != "layers"}}
+  logits_bv = Transformer(cfg).apply(variables, h_b1d, method=Transformer.logits)[:, 0]
   return DecodeState(i + 1, cache, logits_bv, done_b, out_tok, out_logp, out_mask)
 
 
@@ -250,9 +247,11 @@ def sample(
   def cond(s: DecodeState):
     return (s.step < max_new_tokens) & ~jnp.all(s.done_b)
 
+  split = split_layers(params)  # once per call, outside the loop
+
   def body(s: DecodeState):
     return decode_step(
-      params,
+      split,
       s,
       next_pos_b,
       rng,

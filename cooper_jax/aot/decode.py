@@ -10,13 +10,10 @@ do not divide), the cache's kv-head axis over tensor when it divides (where the 
 projections put it).
 
 Reported per chip, one step:
-- xla_bytes: XLA's "bytes accessed" (compiled.cost_analysis()) of the step. XLA counts a
-  loop's body once, so the full-depth program's figure (kept as xla_bytes_raw) holds one layer
-  of the layer scan. The step at full depth is estimated as X1 + (n_layers - 1) x (X2 - X1),
-  X1 the same step with 1 layer, X2 with 2 layers and the layer scan unrolled (straight-line
-  code, every layer counted): one layer's cost in the step's own context. (On a 4-layer model,
-  this agrees with the fully unrolled step's figure within 1%; a layer compiled alone reads
-  ~15% less, missing what the step around it adds.) FLOPs likewise (xla_flops).
+- xla_bytes: XLA's "bytes accessed" (compiled.cost_analysis()) of the step. The step runs its
+  layers unrolled (transformer.decode_hidden), so the program is straight-line code and XLA
+  counts every layer (a scanned step would count its loop body once). FLOPs likewise
+  (xla_flops).
 - the floor: bytes any implementation must read per step: this chip's parameter shards (every
   parameter once; an untied input embedding is really read only at the batch's rows) plus its
   live KV cache, either the whole static cache (what today's attention reads: it scores every
@@ -32,12 +29,9 @@ Reported per chip, one step:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-from unittest import mock
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
@@ -72,11 +66,8 @@ class DecodeStepResult:
   param_dtype: str
   hbm_bw: float  # per chip, B/s
   peak_flops: float  # per chip, bf16 FLOP/s
-  xla_bytes: float  # the step at full depth: xla_bytes_1layer + (n_layers - 1) x layer
-  xla_bytes_raw: float | None  # cost_analysis of the full-depth program (layer body once)
-  xla_bytes_1layer: float  # the step with 1 layer
-  xla_bytes_layer: float  # 2-layer step (scan unrolled) - 1-layer step
-  xla_flops: float  # the same estimate of XLA's FLOPs
+  xla_bytes: float  # cost_analysis of the step, every layer counted
+  xla_flops: float  # the same for XLA's FLOPs
   flops: float  # analytic matmul FLOPs (aot.cost.forward_flops), per chip
   param_bytes: int  # this chip's parameter shards
   gathered_param_bytes: float  # whole weight set / tensor in dtype: what fsdp reads per step
@@ -114,14 +105,18 @@ def _axis_if_divides(mesh, axes, dim: int):
 
 
 def decode_shardings(cfg: ModelConfig, mesh, rows: int) -> DecodeState:
-  """NamedShardings of the decode carry: rows over data x fsdp, kv heads over tensor."""
+  """NamedShardings of the decode carry: rows over data x fsdp, kv heads over tensor (the
+  cache is per layer [b, k, s, e])."""
   b = _axis_if_divides(mesh, sharding.BATCH_AXES, rows)
   kv = _axis_if_divides(mesh, "tensor", cfg.n_kv_heads) if mesh.shape["tensor"] > 1 else None
   ns = lambda *spec: NamedSharding(mesh, P(*spec))
   return DecodeState(
     step=ns(),
     cache=KVCache(
-      k=ns(None, b, None, kv, None), v=ns(None, b, None, kv, None), mask=ns(b, None), length=ns()
+      k=(ns(b, kv, None, None),) * cfg.n_layers,
+      v=(ns(b, kv, None, None),) * cfg.n_layers,
+      mask=ns(b, None),
+      length=ns(),
     ),
     logits_bv=ns(b, None),
     done_b=ns(b),
@@ -141,7 +136,9 @@ def abstract_decode_inputs(
   cfg: ModelConfig, mesh, rows: int, prompt_len: int, new_tokens: int, group_size: int = 1
 ):
   """(params, state, next_pos_b, rng) as ShapeDtypeStructs with shardings; the state's shapes
-  are those `sampling.prefill` makes (rows / group_size prompts of prompt_len tokens)."""
+  are those `sampling.prefill` makes (rows / group_size prompts of prompt_len tokens). params
+  are split per layer as `sample` hands them to decode_step (transformer.split_layers), each
+  layer's shard the stacked parameter's without its layer axis."""
   params = abstract_params(cfg, mesh)
   u = rows // group_size
   tok = jax.ShapeDtypeStruct((u, prompt_len), jnp.int32)
@@ -153,7 +150,18 @@ def abstract_decode_inputs(
   next_pos = jax.ShapeDtypeStruct(pos_shape.shape, pos_shape.dtype, sharding=shardings.done_b)
   rng = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(mesh))
-  return params, state, next_pos, rng
+  return _split_abstract(params), state, next_pos, rng
+
+
+def _split_abstract(params):
+  """transformer.split_layers on ShapeDtypeStructs: per layer, the shape and the partition
+  spec without the leading layer axis."""
+  drop = lambda s: jax.ShapeDtypeStruct(
+    s.shape[1:], s.dtype, sharding=NamedSharding(s.sharding.mesh, P(*s.sharding.spec[1:]))
+  )
+  layer = jax.tree.map(drop, params["layers"])
+  n = jax.tree.leaves(params["layers"])[0].shape[0]
+  return {**params, "layers": (layer,) * n}
 
 
 def lower_decode_step(
@@ -189,20 +197,6 @@ def lower_decode_step(
   return step.lower(*inputs), inputs
 
 
-@contextlib.contextmanager
-def unrolled_layer_scan():
-  """Within it, Transformer's layer scan (flax.linen.scan, patched for the duration) is traced
-  fully unrolled: XLA then compiles every layer as straight-line code and its cost_analysis
-  counts each, where it counts a loop's body once. Only for measuring; not thread-safe."""
-  scan = nn.scan
-
-  def unrolled(target, **kw):
-    return scan(target, **{**kw, "unroll": kw.get("length") or 1})
-
-  with mock.patch.object(nn, "scan", unrolled):
-    yield
-
-
 def _cost(compiled) -> tuple[float, float]:
   ca = compiled.cost_analysis()
   ca = ca[0] if isinstance(ca, (list, tuple)) else ca
@@ -227,9 +221,7 @@ def decode_rows(c) -> int:
 
 def compile_decode_step(c, topology: str, *, config_name: str | None = None) -> DecodeStepResult:
   """Compiles the policy's decode step for `topology` at the config's rollout shapes and
-  measures it against the floor (module docstring). Three programs: the full-depth step (its
-  memory, and the raw XLA figure), the 1-layer step and the 2-layer step with its layer scan
-  unrolled (the per-layer cost). Raises TopologyError / ConfigError."""
+  measures it against the floor (module docstring). Raises TopologyError / ConfigError."""
   devices, kind, chips, mesh = topology_mesh(c, topology)
   per_chip = len(devices) / chips
   peaks = CHIP_PEAKS[kind]
@@ -248,20 +240,10 @@ def compile_decode_step(c, topology: str, *, config_name: str | None = None) -> 
     pad_id=cfg.pad_id or 0,
   )
   full = lower_decode_step(cfg, mesh, rows, p_len, n, **kw)[0].compile()
-  raw_bytes, _ = _cost(full)
-  b1, f1 = _cost(
-    lower_decode_step(cfg.replace(n_layers=1), mesh, rows, p_len, n, **kw)[0].compile()
-  )
-  bl, fl = 0.0, 0.0
-  if cfg.n_layers > 1:
-    with unrolled_layer_scan():
-      two = lower_decode_step(cfg.replace(n_layers=2), mesh, rows, p_len, n, **kw)[0]
-    b2, f2 = _cost(two.compile())
-    bl, fl = b2 - b1, f2 - f1
+  raw_bytes, raw_flops = _cost(full)
   mem = full.memory_analysis()
   # Per device -> per chip (v4's compile-only topologies list 2 TensorCores per chip).
-  xb = (b1 + (cfg.n_layers - 1) * bl) * per_chip
-  xf = (f1 + (cfg.n_layers - 1) * fl) * per_chip
+  xb, xf = raw_bytes * per_chip, raw_flops * per_chip
   par, cache, cache_avg = (x * per_chip for x in floor_bytes(cfg, mesh, rows, p_len, n, g))
   itemsize = jnp.dtype(cfg.jnp_dtype).itemsize
   gathered = cfg.num_params() * itemsize / mesh.shape["tensor"] * per_chip
@@ -288,9 +270,6 @@ def compile_decode_step(c, topology: str, *, config_name: str | None = None) -> 
     hbm_bw=bw,
     peak_flops=peak,
     xla_bytes=xb,
-    xla_bytes_raw=raw_bytes * per_chip,
-    xla_bytes_1layer=b1 * per_chip,
-    xla_bytes_layer=bl * per_chip,
     xla_flops=xf,
     flops=flops,
     param_bytes=int(par),
@@ -326,10 +305,8 @@ def format_decode(r: DecodeStepResult) -> str:
     f"{r.cache_slots} cache slots ({r.prompt_len} prompt + {r.new_tokens} new), {r.n_layers} "
     f"layers, compute {r.dtype}, params {r.param_dtype}; chip HBM {r.hbm_bw / 1e9:.0f} GB/s, "
     f"peak {r.peak_flops / 1e12:.0f} TFLOP/s",
-    f"XLA bytes accessed per chip: 1-layer step {r.xla_bytes_1layer / 1e9:.4g} GB + "
-    f"{r.n_layers - 1} x one layer {r.xla_bytes_layer / 1e9:.4g} GB (the full-depth program "
-    f"reports {(r.xla_bytes_raw or 0) / 1e9:.4g} GB: its layer loop counted once); "
-    f"memory: arguments {r.argument_gib or 0:.4g} GiB, temporaries {r.temp_gib or 0:.4g} GiB "
+    f"XLA bytes accessed per chip {r.xla_bytes / 1e9:.4g} GB (every layer counted: the step "
+    f"runs its layers unrolled); memory: arguments {r.argument_gib or 0:.4g} GiB, temporaries {r.temp_gib or 0:.4g} GiB "
     "per device",
     "",
     "| per chip, one decode step | GB | x floor | ms / step | tokens/s (slice) |",

@@ -25,10 +25,16 @@ _NEG_INF = -1e30  # finite, so a fully masked row (a left-pad query) gives a uni
 
 
 class KVCache(NamedTuple):
-  """Static-shape cache for all layers: k/v [l, b, s, k, e], valid-slot mask [b, s]."""
+  """The sampler's static-shape cache: per layer, k and v [b, k, s, e]; valid-slot mask [b, s].
 
-  k: jax.Array
-  v: jax.Array
+  One array per layer (not one [l, ...] array): the decode runs its layers unrolled, each
+  reading and updating its own buffers in place, where a layer scan would copy every layer's
+  slice out of the stacked arrays at every step. kv-head-major ([b, k, s, e], not the
+  [b, s, k, e] a layer returns): the attention's batched dots run over (b, k), so this layout
+  feeds them as it is, where [b, s, k, e] made XLA transpose the cache at every step."""
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
   mask: jax.Array
   length: jax.Array  # int32 scalar: slots [0, length) are filled
 
@@ -84,7 +90,12 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_btd, positions_bt, mask_bt, cache_kv, cache_mask_bs):
+  def __call__(
+    self, x_btd, positions_bt, mask_bt, cache_kv=None, cache_mask_bs=None, cache_index=0
+  ):
+    """-> (out [b, t, d], kv). Without a cache: causal attention within the call, kv = this
+    call's (k, v) [b, t, k, e]. With cache_kv = (k, v) [b, k, s, e]: the call's tokens (all
+    real) go to slots [cache_index, cache_index + t) and kv is the updated cache."""
     cfg = self.cfg
     dense = lambda feats, name, bias, axis=-1: nn.DenseGeneral(
       feats,
@@ -104,34 +115,47 @@ class Attention(nn.Module):
     g = cfg.n_heads // cfg.n_kv_heads
     q_btkge = q_bthe.reshape(b, t, cfg.n_kv_heads, g, cfg.head_dim) * (cfg.head_dim**-0.5)
 
-    # Scores against this call's own tokens: causal within the call, pads masked.
-    causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
-    self_ok_btt = causal_tt[None] & mask_bt[:, None, :]
-    s_self = jnp.einsum("btkge,bske->bkgts", q_btkge, k_btke, preferred_element_type=jnp.float32)
-    s_self = jnp.where(self_ok_btt[:, None, None], s_self, _NEG_INF)
     if cache_kv is None:
-      scores = s_self
-    else:
-      ck_bske, cv_bske = cache_kv
-      s_cache = jnp.einsum(
-        "btkge,bske->bkgts",
-        q_btkge,
-        ck_bske.astype(q_btkge.dtype),
-        preferred_element_type=jnp.float32,
-      )
-      s_cache = jnp.where(cache_mask_bs[:, None, None, None, :], s_cache, _NEG_INF)
-      scores = jnp.concatenate([s_cache, s_self], axis=-1)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
-    if cache_kv is None:
+      # Scores against this call's own tokens: causal within the call, pads masked.
+      causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
+      ok_btt = causal_tt[None] & mask_bt[:, None, :]
+      scores = jnp.einsum("btkge,bske->bkgts", q_btkge, k_btke, preferred_element_type=jnp.float32)
+      scores = jnp.where(ok_btt[:, None, None], scores, _NEG_INF)
+      probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
       out_btkge = jnp.einsum("bkgts,bske->btkge", probs, v_btke)
+      new_kv = (k_btke, v_btke)
     else:
-      s_len = ck_bske.shape[1]
-      out_btkge = jnp.einsum(
-        "bkgts,bske->btkge", probs[..., :s_len], cv_bske.astype(probs.dtype)
-      ) + jnp.einsum("bkgts,bske->btkge", probs[..., s_len:], v_btke)
+      # Decode: write this call's keys/values into slots [cache_index, cache_index + t) first,
+      # then attend over the cache alone. Reading after writing lets XLA update the buffers in
+      # place (a read before an unordered in-place write makes it copy them).
+      ck_bkse, cv_bkse = cache_kv
+      slot = (0, 0, cache_index, 0)
+      put = lambda c, x: jax.lax.dynamic_update_slice(
+        c, jnp.swapaxes(x, 1, 2).astype(c.dtype), slot
+      )
+      ck_bkse, cv_bkse = put(ck_bkse, k_btke), put(cv_bkse, v_btke)
+      s_len = ck_bkse.shape[2]
+      # Slot j is visible to query i iff it holds a real token and j <= cache_index + i.
+      causal_ts = jnp.arange(s_len)[None, :] <= cache_index + jnp.arange(t)[:, None]
+      ok_bts = cache_mask_bs[:, None, :] & causal_ts[None]
+      # Queries as [b, k, g * t, e]: dots batched over (b, k) whose operands and results need
+      # no transposes of the cache-sized arrays (2x faster on a CPU than [b, k, g, t, s]).
+      q_bkqe = jnp.transpose(q_btkge, (0, 2, 3, 1, 4)).reshape(b, cfg.n_kv_heads, g * t, -1)
+      scores = jnp.einsum(
+        "bkqe,bkse->bkqs", q_bkqe, ck_bkse.astype(q_bkqe.dtype), preferred_element_type=jnp.float32
+      ).reshape(b, cfg.n_kv_heads, g, t, s_len)
+      scores = jnp.where(ok_bts[:, None, None], scores, _NEG_INF)
+      probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
+      out_bkqe = jnp.einsum(
+        "bkqs,bkse->bkqe",
+        probs.reshape(b, cfg.n_kv_heads, g * t, s_len),
+        cv_bkse.astype(probs.dtype),
+      )
+      out_btkge = jnp.transpose(out_bkqe.reshape(b, cfg.n_kv_heads, g, t, -1), (0, 3, 1, 2, 4))
+      new_kv = (ck_bkse, cv_bkse)
     out_bthe = out_btkge.reshape(b, t, cfg.n_heads, cfg.head_dim)
     out_btd = dense(cfg.d_model, "o", False, axis=(-2, -1))(out_bthe)
-    return out_btd, (k_btke, v_btke)
+    return out_btd, new_kv
 
 
 class MLP(nn.Module):
@@ -153,11 +177,11 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_btd, layer_cache, positions_bt, mask_bt, cache_mask_bs):
+  def __call__(self, x_btd, layer_cache, positions_bt, mask_bt, cache_mask_bs=None, cache_index=0):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
     h, new_kv = Attention(cfg, name="attn")(
-      norm("attn_norm")(x_btd), positions_bt, mask_bt, layer_cache, cache_mask_bs
+      norm("attn_norm")(x_btd), positions_bt, mask_bt, layer_cache, cache_mask_bs, cache_index
     )
     x_btd = x_btd + h
     x_btd = x_btd + MLP(cfg, name="mlp")(norm("mlp_norm")(x_btd))
@@ -168,8 +192,8 @@ class Transformer(nn.Module):
   """tokens [b, t] -> (logits [b, t, v] float32 or scores [b] float32, new_kv).
 
   positions: RoPE positions of the tokens; mask: which tokens are real (pads are never attended
-  to). `cache` (KVCache or None) holds earlier slots to attend to. With head="score", the
-  score is read at the last real token of each row.
+  to). With head="score", the score is read at the last real token of each row. Decoding
+  against a KV cache is `decode_hidden` (the same parameters, the layers unrolled).
   """
 
   cfg: ModelConfig
@@ -203,16 +227,9 @@ class Transformer(nn.Module):
     elif not cfg.tie_embeddings:
       self.lm_head = dense(cfg.vocab_size, "lm_head")
 
-  def hidden(self, tokens_bt, positions_bt, mask_bt, cache: KVCache | None = None):
+  def hidden(self, tokens_bt, positions_bt, mask_bt):
     """Final-norm hidden states [b, t, d] and this call's (k, v), each [l, b, t, k, e]."""
-    x_btd = self.embed(tokens_bt)
-    layer_cache = None if cache is None else (cache.k, cache.v)
-    cache_mask = (
-      None
-      if cache is None
-      else (cache.mask & (jnp.arange(cache.mask.shape[1]) < cache.length)[None])
-    )
-    x_btd, new_kv = self.layers(x_btd, layer_cache, positions_bt, mask_bt, cache_mask)
+    x_btd, new_kv = self.layers(self.embed(tokens_bt), None, positions_bt, mask_bt, None)
     return self.final_norm(x_btd), new_kv
 
   def logits(self, h_btd):
@@ -226,11 +243,41 @@ class Transformer(nn.Module):
     h_bd = jnp.take_along_axis(h_btd, jnp.maximum(last_b, 0)[:, None, None], axis=1)[:, 0]
     return self.score(h_bd)[:, 0].astype(jnp.float32)
 
-  def __call__(self, tokens_bt, positions_bt, mask_bt, cache: KVCache | None = None):
-    h_btd, new_kv = self.hidden(tokens_bt, positions_bt, mask_bt, cache)
+  def __call__(self, tokens_bt, positions_bt, mask_bt):
+    h_btd, new_kv = self.hidden(tokens_bt, positions_bt, mask_bt)
     if self.cfg.head == "score":
       return self.scores(h_btd, mask_bt), new_kv
     return self.logits(h_btd), new_kv
+
+
+def split_layers(params):
+  """The parameters with params["layers"] ([l, ...] leaves, as the layer scan holds them) as a
+  tuple of per-layer trees: what `decode_hidden` takes. Made once per sampler call, outside
+  the decode loop, so the loop reads each layer's weights where they lie."""
+  layers = params["layers"]
+  n = jax.tree.leaves(layers)[0].shape[0]
+  return {**params, "layers": tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n))}
+
+
+def decode_hidden(cfg: ModelConfig, params, tokens_bt, positions_bt, cache: KVCache):
+  """Feeds real tokens [b, t] at cache slots [cache.length, cache.length + t): (final-norm hidden
+  states [b, t, d], the cache with their keys/values written and length advanced). params as
+  `split_layers` makes them; the layers run unrolled, each on its own cache buffers."""
+  model = Transformer(cfg)
+  outer = {"params": {k: v for k, v in params.items() if k != "layers"}}
+  x_btd = model.apply(outer, tokens_bt, method=lambda m, t: m.embed(t))
+  mask_bt = jnp.ones(tokens_bt.shape, bool)
+  block = Block(cfg)
+  ks, vs = [], []
+  for layer_params, ck, cv in zip(params["layers"], cache.k, cache.v, strict=True):
+    x_btd, (ck, cv) = block.apply(
+      {"params": layer_params}, x_btd, (ck, cv), positions_bt, mask_bt, cache.mask, cache.length
+    )
+    ks.append(ck)
+    vs.append(cv)
+  h_btd = model.apply(outer, x_btd, method=lambda m, x: m.final_norm(x))
+  t = tokens_bt.shape[1]
+  return h_btd, cache._replace(k=tuple(ks), v=tuple(vs), length=cache.length + t)
 
 
 def positions_from_mask(mask_bt):
