@@ -154,14 +154,16 @@ def prefill(
   max_new_tokens: int,
   pad_id: int = 0,
   group_size: int = 1,
+  cache_new_slots: int | None = None,
 ) -> tuple[DecodeState, jax.Array]:
   """The prompts' forward pass: (the decode loop's initial state, next_pos_b [b], the RoPE
-  position of the token fed at step 0 of each row). The cache has p + max_new_tokens slots,
-  the prompt's keys/values in the first p; with group_size > 1 it holds G copies of each
-  prompt's (see `sample`)."""
+  position of the token fed at step 0 of each row). The cache has p + cache_new_slots slots
+  (default max_new_tokens; `grow_cache` adds more), the prompt's keys/values in the first p;
+  with group_size > 1 it holds G copies of each prompt's (see `sample`)."""
   model = Transformer(cfg)
   variables = {"params": params}
   n = max_new_tokens
+  slots = n if cache_new_slots is None else cache_new_slots
   mask_bp = mask_bp.astype(bool)
   pos_bp = positions_from_mask(mask_bp)
 
@@ -174,17 +176,10 @@ def prefill(
     k_lbpke, v_lbpke = rows(k_lbpke, 1), rows(v_lbpke, 1)
     mask_bp, pos_bp, logits_bv = rows(mask_bp), rows(pos_bp), rows(logits_bv)
   b, p = mask_bp.shape
-  # [l, b, p, k, e] -> per layer the cache's [b, k, p + n, e], once per call.
-  pad_kv = lambda x_lbpke: tuple(
-    jnp.pad(jnp.swapaxes(x.astype(cfg.jnp_dtype), 1, 2), ((0, 0), (0, 0), (0, n), (0, 0)))
-    for x in x_lbpke
-  )
-  cache = KVCache(
-    k=pad_kv(k_lbpke),
-    v=pad_kv(v_lbpke),
-    mask=jnp.concatenate([mask_bp, jnp.ones((b, n), bool)], axis=1),
-    length=jnp.int32(p),
-  )
+  # [l, b, p, k, e] -> per layer the cache's [b, k, p, e], once per call.
+  kv = lambda x_lbpke: tuple(jnp.swapaxes(x.astype(cfg.jnp_dtype), 1, 2) for x in x_lbpke)
+  cache = KVCache(k=kv(k_lbpke), v=kv(v_lbpke), mask=mask_bp, length=jnp.int32(p))
+  cache = grow_cache(cache, slots)
   state = DecodeState(
     step=jnp.int32(0),
     cache=cache,
@@ -195,6 +190,24 @@ def prefill(
     mask=jnp.zeros((b, n), bool),
   )
   return state, pos_bp[:, -1] + 1
+
+
+def grow_cache(cache: KVCache, extra: int) -> KVCache:
+  """The cache with `extra` more (empty, real-token) slots at the end of every layer's buffer."""
+  grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
+  b = cache.mask.shape[0]
+  return cache._replace(
+    k=tuple(map(grow, cache.k)),
+    v=tuple(map(grow, cache.v)),
+    mask=jnp.concatenate([cache.mask, jnp.ones((b, extra), bool)], axis=1),
+  )
+
+
+def segment_ends(max_new_tokens: int, segments: int) -> list[int]:
+  """The decode steps at which `sample`'s cache segments end: min(segments, max_new_tokens)
+  near-equal parts, e.g. (128, 4) -> [32, 64, 96, 128]."""
+  s = max(1, min(segments, max_new_tokens))
+  return sorted({-(-max_new_tokens * (j + 1) // s) for j in range(s)})
 
 
 def decode_step(
@@ -239,6 +252,7 @@ def decode_step(
     "eos_ids",
     "pad_id",
     "group_size",
+    "cache_segments",
   ),
 )
 def sample(
@@ -255,6 +269,7 @@ def sample(
   eos_ids: Sequence[int] = (),
   pad_id: int = 0,
   group_size: int = 1,
+  cache_segments: int = 4,
 ) -> SampleOutput:
   """Samples max_new_tokens after left-padded prompts; deterministic for a given rng.
 
@@ -265,7 +280,14 @@ def sample(
 
   `prefill`, then `decode_step` in a while_loop until max_new_tokens or every row stopped
   (cooper_jax.aot.decode compiles that same step alone for a TPU topology).
+
+  cache_segments S: the decode runs in S while_loops (`segment_ends`); the cache holds only
+  the slots the steps up to the current segment's end fill and grows by one copy between
+  segments, so the attention reads p + max_new_tokens * (S + 1) / (2S) slots on average
+  instead of p + max_new_tokens. Each segment compiles its own loop body (S times the compile
+  time of the decode step); the samples do not depend on S (up to float summation order).
   """
+  ends = segment_ends(max_new_tokens, cache_segments)
   state, next_pos_b = prefill(
     params,
     tokens_bp,
@@ -274,10 +296,8 @@ def sample(
     max_new_tokens=max_new_tokens,
     pad_id=pad_id,
     group_size=group_size,
+    cache_new_slots=ends[0],
   )
-
-  def cond(s: DecodeState):
-    return (s.step < max_new_tokens) & ~jnp.all(s.done_b)
 
   split = split_layers(params)  # once per call, outside the loop
 
@@ -295,7 +315,11 @@ def sample(
       pad_id=pad_id,
     )
 
-  state = jax.lax.while_loop(cond, body, state)
+  for j, end in enumerate(ends):
+    if j:
+      state = state._replace(cache=grow_cache(state.cache, end - ends[j - 1]))
+    cond = lambda s, end=end: (s.step < end) & ~jnp.all(s.done_b)
+    state = jax.lax.while_loop(cond, body, state)
   return SampleOutput(state.tokens, state.logprobs, state.mask)
 
 

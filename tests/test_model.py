@@ -104,6 +104,20 @@ def test_sampling_is_deterministic_per_key(params):
   assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
 
 
+@pytest.mark.parametrize("segments", [2, 5, 13])
+def test_cache_segments_do_not_change_the_samples(params, segments):
+  """The cache grown segment by segment (attention over the filled part only) gives the samples
+  of one full-size cache: same tokens, logprobs to float summation order; 13 > 12 steps means
+  one step per segment."""
+  toks, mask = _left_pad(ROWS, 8)
+  kw = dict(cfg=TINY, max_new_tokens=12, temperature=1.0, top_p=0.95, pad_id=PAD)
+  one = sample(params, toks, mask, jax.random.key(7), cache_segments=1, **kw)
+  seg = sample(params, toks, mask, jax.random.key(7), cache_segments=segments, **kw)
+  np.testing.assert_array_equal(seg.tokens, one.tokens)
+  np.testing.assert_array_equal(seg.mask, one.mask)
+  np.testing.assert_allclose(seg.logprobs, one.logprobs, atol=1e-5)
+
+
 def test_group_sampling_prefills_once_and_matches_the_repeated_batch(params):
   # G samples per prompt from one prefill must be the samples of the G-times-repeated batch
   # (same rng): the cache is copied after the prefill, nothing else changes.
