@@ -85,6 +85,9 @@ def _filter_logits(scaled_bv, top_p: float, top_k: int):
   return scaled_bv
 
 
+# sample's default number of cache segments (see `sample`).
+CACHE_SEGMENTS = 4
+
 # Vocabulary block of the two-level inverse-CDF draw (`categorical`).
 CDF_BLOCK = 256
 
@@ -269,7 +272,7 @@ def sample(
   eos_ids: Sequence[int] = (),
   pad_id: int = 0,
   group_size: int = 1,
-  cache_segments: int = 4,
+  cache_segments: int = CACHE_SEGMENTS,
 ) -> SampleOutput:
   """Samples max_new_tokens after left-padded prompts; deterministic for a given rng.
 
@@ -299,7 +302,7 @@ def sample(
     cache_new_slots=ends[0],
   )
 
-  split = split_layers(params)  # once per call, outside the loop
+  split = split_layers(params, cfg.jnp_dtype)  # once per call, outside the loop
 
   def body(s: DecodeState):
     return decode_step(

@@ -137,7 +137,10 @@ def test_decode_floor_is_params_plus_cache(tiny_decode):
   assert r.floor_s == pytest.approx(r.floor_bytes / 819e9)
   assert r.tokens_per_s == pytest.approx(16 / r.step_s)
   assert r.floor_tokens_per_s == pytest.approx(16 / r.floor_s)
-  assert r.decode_s == pytest.approx(16 * r.step_s)
+  # sample's 4 cache segments: the decode takes 16 average steps.
+  assert r.cache_segments == 4 and r.floor_bytes < r.xla_bytes_avg <= r.xla_bytes
+  assert r.decode_s == pytest.approx(16 * r.xla_bytes_avg / 819e9)
+  assert r.ratio_avg == pytest.approx(r.xla_bytes_avg / r.floor_avg_bytes)
   assert r.ratio == pytest.approx(r.xla_bytes / r.floor_bytes)
   assert r.xla_bytes >= r.floor_bytes  # XLA reads at least the floor
   assert r.argument_gib > 0 and r.peak_gib >= r.argument_gib
@@ -163,6 +166,21 @@ def test_decode_floor_with_tensor_parallel():
 
 
 @needs_libtpu
+def test_cache_segments_read_less_on_average():
+  """512 new tokens after 256: sample's 4 segments hold 384, 512, 640 and 768 slots, so the
+  average step reads less than the whole-cache step, by at least the cache bytes the
+  segments leave out, (768 - 576) / 768 of the cache. (The TPU layout pads the slot axis of
+  this tiny model's cache, head_dim 16, to 128s, so finer segments read the same.)"""
+  from cooper_jax.aot import decode
+
+  r = decode.compile_decode_step(_tiny_config("rollout.max_new_tokens=512"), TOPOLOGY)
+  assert r.cache_segments == 4 and r.cache_slots == 768
+  saved = r.cache_bytes * (768 - 576) / 768
+  assert r.xla_bytes - r.xla_bytes_avg >= saved > 0
+  assert r.ratio_avg == pytest.approx(r.xla_bytes_avg / r.floor_avg_bytes)
+
+
+@needs_libtpu
 def test_every_layer_is_counted():
   """The step runs its layers unrolled, so XLA's bytes grow by one layer's worth per layer (a
   scanned step would count its loop body once: no growth with depth), and at least by that
@@ -170,13 +188,16 @@ def test_every_layer_is_counted():
   from cooper_jax.aot import decode
 
   r1, r2, r3 = (
-    decode.compile_decode_step(_tiny_config(f"policy.random_model.n_layers={n}"), TOPOLOGY)
+    decode.compile_decode_step(
+      _tiny_config(f"policy.random_model.n_layers={n}"), TOPOLOGY, cache_segments=1
+    )
     for n in (1, 2, 3)
   )
   layer = r2.xla_bytes - r1.xla_bytes
   assert r3.xla_bytes - r2.xla_bytes == pytest.approx(layer, rel=0.02)
   assert layer >= r2.floor_bytes - r1.floor_bytes > 0
   assert r3.xla_flops - r2.xla_flops == pytest.approx(r2.xla_flops - r1.xla_flops, rel=0.02)
+  assert r3.cache_segments == 1 and r3.xla_bytes_avg == r3.xla_bytes
 
 
 def test_mfu_of_a_hand_made_row():
@@ -251,7 +272,7 @@ def test_cli_decode_tiny_and_errors(tmp_path):
   assert p.returncode == 0, p.stderr
   (row,) = [json.loads(line) for line in out.read_text().splitlines()]
   assert row["floor_bytes"] == 3_220_736 + 557_056 and row["topology"] == TOPOLOGY
-  assert "| XLA bytes accessed |" in p.stdout and "floor" in p.stdout
+  assert "| XLA bytes accessed, whole cache |" in p.stdout and "floor" in p.stdout
   p = _cli("--config", "experiments/tiny.py", *args, "--topology", "v9:1x1")
   assert p.returncode == 2 and "v9:1x1" in p.stderr, p.stderr
   p = _cli("--config", "experiments/tiny.py", "--topology", TOPOLOGY)  # 2 prompts on 4 chips

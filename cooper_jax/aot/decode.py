@@ -44,7 +44,7 @@ from cooper_jax.aot.report import topology_mesh
 from cooper_jax.aot.topology import CHIP_PEAKS, GIB
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import KVCache
-from cooper_jax.sampling import DecodeState, decode_step, prefill
+from cooper_jax.sampling import CACHE_SEGMENTS, DecodeState, decode_step, prefill, segment_ends
 
 
 @dataclasses.dataclass
@@ -66,7 +66,9 @@ class DecodeStepResult:
   param_dtype: str
   hbm_bw: float  # per chip, B/s
   peak_flops: float  # per chip, bf16 FLOP/s
-  xla_bytes: float  # cost_analysis of the step, every layer counted
+  xla_bytes: float  # cost_analysis of the step, every layer counted, at the whole cache
+  xla_bytes_avg: float  # averaged over the decode's steps, each at its segment's cache size
+  cache_segments: int  # sampling.sample's cache segments the average is taken over
   xla_flops: float  # the same for XLA's FLOPs
   flops: float  # analytic matmul FLOPs (aot.cost.forward_flops), per chip
   param_bytes: int  # this chip's parameter shards
@@ -77,7 +79,7 @@ class DecodeStepResult:
   floor_avg_bytes: float  # param_bytes + cache_avg_bytes
   gathered_floor_bytes: float  # gathered_param_bytes + cache_bytes
   ratio: float  # xla_bytes / floor_bytes
-  ratio_avg: float  # xla_bytes / floor_avg_bytes
+  ratio_avg: float  # xla_bytes_avg / floor_avg_bytes
   step_s: float  # xla_bytes / hbm_bw
   floor_s: float
   floor_avg_s: float
@@ -86,7 +88,7 @@ class DecodeStepResult:
   tokens_per_s: float  # rows / step_s, the whole slice
   floor_tokens_per_s: float
   floor_avg_tokens_per_s: float
-  decode_s: float  # new_tokens x step_s: one sampler call's decode, every step taken
+  decode_s: float  # new_tokens x xla_bytes_avg / hbm_bw: one call's decode, every step taken
   argument_gib: float | None = None  # XLA buffer assignment of the full-depth step, per device
   temp_gib: float | None = None
   peak_gib: float | None = None
@@ -133,7 +135,13 @@ def _with(shapes, shardings):
 
 
 def abstract_decode_inputs(
-  cfg: ModelConfig, mesh, rows: int, prompt_len: int, new_tokens: int, group_size: int = 1
+  cfg: ModelConfig,
+  mesh,
+  rows: int,
+  prompt_len: int,
+  new_tokens: int,
+  group_size: int = 1,
+  cache_new_slots: int | None = None,
 ):
   """(params, state, next_pos_b, rng) as ShapeDtypeStructs with shardings; the state's shapes
   are those `sampling.prefill` makes (rows / group_size prompts of prompt_len tokens). params
@@ -143,25 +151,32 @@ def abstract_decode_inputs(
   u = rows // group_size
   tok = jax.ShapeDtypeStruct((u, prompt_len), jnp.int32)
   msk = jax.ShapeDtypeStruct((u, prompt_len), bool)
-  fill = functools.partial(prefill, cfg=cfg, max_new_tokens=new_tokens, group_size=group_size)
+  fill = functools.partial(
+    prefill,
+    cfg=cfg,
+    max_new_tokens=new_tokens,
+    group_size=group_size,
+    cache_new_slots=cache_new_slots,
+  )
   state_shapes, pos_shape = jax.eval_shape(fill, params, tok, msk)
   shardings = decode_shardings(cfg, mesh, rows)
   state = _with(state_shapes, shardings)
   next_pos = jax.ShapeDtypeStruct(pos_shape.shape, pos_shape.dtype, sharding=shardings.done_b)
   rng = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(mesh))
-  return _split_abstract(params), state, next_pos, rng
+  return _split_abstract(params, cfg.jnp_dtype), state, next_pos, rng
 
 
-def _split_abstract(params):
-  """transformer.split_layers on ShapeDtypeStructs: per layer, the shape and the partition
-  spec without the leading layer axis."""
+def _split_abstract(params, dtype):
+  """transformer.split_layers(params, dtype) on ShapeDtypeStructs: per layer, the shape and
+  the partition spec without the leading layer axis; every leaf in dtype."""
+  cast = lambda s: jax.ShapeDtypeStruct(s.shape, dtype, sharding=s.sharding)
   drop = lambda s: jax.ShapeDtypeStruct(
-    s.shape[1:], s.dtype, sharding=NamedSharding(s.sharding.mesh, P(*s.sharding.spec[1:]))
+    s.shape[1:], dtype, sharding=NamedSharding(s.sharding.mesh, P(*s.sharding.spec[1:]))
   )
   layer = jax.tree.map(drop, params["layers"])
   n = jax.tree.leaves(params["layers"])[0].shape[0]
-  return {**params, "layers": (layer,) * n}
+  return {**jax.tree.map(cast, params), "layers": (layer,) * n}
 
 
 def lower_decode_step(
@@ -177,10 +192,14 @@ def lower_decode_step(
   top_k: int = 0,
   eos_ids: tuple[int, ...] = (),
   pad_id: int = 0,
+  cache_new_slots: int | None = None,
 ):
   """(lowered sampling.decode_step, its abstract inputs): the carry donated and kept in its
-  shardings, as the while_loop holds it."""
-  inputs = abstract_decode_inputs(cfg, mesh, rows, prompt_len, new_tokens, group_size)
+  shardings, as the while_loop holds it; the cache with prompt_len + cache_new_slots slots
+  (default new_tokens)."""
+  inputs = abstract_decode_inputs(
+    cfg, mesh, rows, prompt_len, new_tokens, group_size, cache_new_slots
+  )
   step = jax.jit(
     functools.partial(
       decode_step,
@@ -205,12 +224,13 @@ def _cost(compiled) -> tuple[float, float]:
 
 def floor_bytes(cfg: ModelConfig, mesh, rows: int, prompt_len: int, new_tokens: int, group_size=1):
   """(param bytes, whole-cache bytes, average filled-cache bytes) on one device: its shards of
-  the parameters and of the cache's k and v (the cache's valid-slot mask, 1 byte per slot per
-  row, is left out), no compile."""
-  params, state, _, _ = abstract_decode_inputs(cfg, mesh, rows, prompt_len, new_tokens, group_size)
+  the parameters as stored (policy.param_dtype; the sampler's per-call copy in the compute
+  dtype is half of that for float32 params and bf16 compute) and of the cache's k and v (the
+  cache's valid-slot mask, 1 byte per slot per row, is left out), no compile."""
+  _, state, _, _ = abstract_decode_inputs(cfg, mesh, rows, prompt_len, new_tokens, group_size)
   cache = device_bytes((state.cache.k, state.cache.v))
   avg = cache * (prompt_len + new_tokens / 2) / (prompt_len + new_tokens)
-  return device_bytes(params), cache, avg
+  return device_bytes(abstract_params(cfg, mesh)), cache, avg
 
 
 def decode_rows(c) -> int:
@@ -219,9 +239,13 @@ def decode_rows(c) -> int:
   return c.rollout.sample_batch_size or rows
 
 
-def compile_decode_step(c, topology: str, *, config_name: str | None = None) -> DecodeStepResult:
+def compile_decode_step(
+  c, topology: str, *, config_name: str | None = None, cache_segments: int = CACHE_SEGMENTS
+) -> DecodeStepResult:
   """Compiles the policy's decode step for `topology` at the config's rollout shapes and
-  measures it against the floor (module docstring). Raises TopologyError / ConfigError."""
+  measures it against the floor (module docstring): at the whole cache, and at each of
+  `sample`'s cache segments (one compile each) for the average over the decode. Raises
+  TopologyError / ConfigError."""
   devices, kind, chips, mesh = topology_mesh(c, topology)
   per_chip = len(devices) / chips
   peaks = CHIP_PEAKS[kind]
@@ -244,6 +268,13 @@ def compile_decode_step(c, topology: str, *, config_name: str | None = None) -> 
   mem = full.memory_analysis()
   # Per device -> per chip (v4's compile-only topologies list 2 TensorCores per chip).
   xb, xf = raw_bytes * per_chip, raw_flops * per_chip
+  # The decode's steps, segment by segment, each at its segment's cache size.
+  ends = segment_ends(n, cache_segments)
+  seg_bytes = [
+    _cost(lower_decode_step(cfg, mesh, rows, p_len, n, cache_new_slots=e, **kw)[0].compile())[0]
+    for e in ends[:-1]
+  ] + [raw_bytes]
+  xb_avg = sum((e - s) * b for e, s, b in zip(ends, [0] + ends[:-1], seg_bytes)) / n * per_chip
   par, cache, cache_avg = (x * per_chip for x in floor_bytes(cfg, mesh, rows, p_len, n, g))
   itemsize = jnp.dtype(cfg.jnp_dtype).itemsize
   gathered = cfg.num_params() * itemsize / mesh.shape["tensor"] * per_chip
@@ -270,6 +301,8 @@ def compile_decode_step(c, topology: str, *, config_name: str | None = None) -> 
     hbm_bw=bw,
     peak_flops=peak,
     xla_bytes=xb,
+    xla_bytes_avg=xb_avg,
+    cache_segments=len(ends),
     xla_flops=xf,
     flops=flops,
     param_bytes=int(par),
@@ -280,7 +313,7 @@ def compile_decode_step(c, topology: str, *, config_name: str | None = None) -> 
     floor_avg_bytes=floor_avg,
     gathered_floor_bytes=g_floor,
     ratio=xb / floor,
-    ratio_avg=xb / floor_avg,
+    ratio_avg=xb_avg / floor_avg,
     step_s=xb / bw,
     floor_s=floor / bw,
     floor_avg_s=floor_avg / bw,
@@ -289,7 +322,7 @@ def compile_decode_step(c, topology: str, *, config_name: str | None = None) -> 
     tokens_per_s=rows * bw / xb,
     floor_tokens_per_s=rows * bw / floor,
     floor_avg_tokens_per_s=rows * bw / floor_avg,
-    decode_s=n * xb / bw,
+    decode_s=n * xb_avg / bw,
     argument_gib=gib(arg),
     temp_gib=gib(temp),
     peak_gib=None if arg is None or temp is None else (arg + out - alias + temp) / GIB,
@@ -313,7 +346,12 @@ def format_decode(r: DecodeStepResult) -> str:
     "|---|---|---|---|---|",
   ]
   rows: list[tuple[str, float, float]] = [
-    ("XLA bytes accessed", r.xla_bytes, r.step_s),
+    ("XLA bytes accessed, whole cache", r.xla_bytes, r.step_s),
+    (
+      f"XLA bytes accessed, avg over the decode ({r.cache_segments} cache segments)",
+      r.xla_bytes_avg,
+      r.xla_bytes_avg / r.hbm_bw,
+    ),
     ("floor: param shards + whole static cache", r.floor_bytes, r.floor_s),
     ("floor: param shards + filled cache (avg)", r.floor_avg_bytes, r.floor_avg_s),
     ("fsdp floor: gathered params + whole cache", r.gathered_floor_bytes, r.gathered_floor_s),
@@ -329,7 +367,7 @@ def format_decode(r: DecodeStepResult) -> str:
   lines.append(
     f"\nparams {r.param_bytes / 1e9:.4g} GB/chip (gathered {r.gathered_param_bytes / 1e9:.4g}), "
     f"cache {r.cache_bytes / 1e9:.4g} GB/chip (filled avg {r.cache_avg_bytes / 1e9:.4g}); "
-    f"XLA / floor {r.ratio:.2f} (whole cache), {r.ratio_avg:.2f} (filled); "
-    f"{r.new_tokens} steps at the XLA figure: {r.decode_s:.4g} s"
+    f"XLA / floor {r.ratio:.2f} (whole cache), {r.ratio_avg:.2f} (avg over the decode / filled "
+    f"avg); {r.new_tokens} steps at the XLA figures: {r.decode_s:.4g} s"
   )
   return "\n".join(lines)

@@ -250,10 +250,15 @@ class Transformer(nn.Module):
     return self.logits(h_btd), new_kv
 
 
-def split_layers(params):
+def split_layers(params, dtype=None):
   """The parameters with params["layers"] ([l, ...] leaves, as the layer scan holds them) as a
   tuple of per-layer trees: what `decode_hidden` takes. Made once per sampler call, outside
-  the decode loop, so the loop reads each layer's weights where they lie."""
+  the decode loop, so the loop reads each layer's weights where they lie. dtype: cast every
+  leaf to it (the compute dtype: the model casts each parameter to it before use, so the
+  results are the same, and the loop reads bf16 weights instead of converting float32 ones at
+  every step)."""
+  if dtype is not None:
+    params = jax.tree.map(lambda x: x.astype(dtype), params)
   layers = params["layers"]
   n = jax.tree.leaves(layers)[0].shape[0]
   return {**params, "layers": tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n))}
