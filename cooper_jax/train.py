@@ -166,6 +166,8 @@ class Run:
         eos_ids=tuple(self.tokenizer.eos_ids),
         pad_id=self.tokenizer.pad_id,
         group_size=g,
+        cache_segments=c.rollout.cache_segments,
+        grow_cache=c.rollout.grow_cache,
       )
       outs.append(out)
     tok, mask = np.repeat(tok_u, g, axis=0), np.repeat(mask_u, g, axis=0)

@@ -71,5 +71,11 @@ def get_config(arg: str = "qwen,cooper"):
   c.rm.micro_batch_size = 16
   c.rm.score_micro_batch_size = 128
   c.rollout.sample_batch_size = 0
+  # One decode segment: the attention reads the whole cache at every step. 4 segments (each
+  # reading only the slots filled by its end, 9% fewer bytes per step on v5e-8) need 0.8 GiB
+  # more (v4-8: 15.9 GiB resident, over its 15.25). grow_cache False: with more segments the
+  # cache stays allocated whole and is read through slices (growing it holds two caches).
+  c.rollout.cache_segments = 1
+  c.rollout.grow_cache = False
   c.pairs.assistant_dtype = "bfloat16"  # 7B: 1.8 GiB per chip sharded, 3.5 in float32
   return c

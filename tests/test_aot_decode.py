@@ -167,7 +167,7 @@ def test_decode_floor_with_tensor_parallel():
 
 @needs_libtpu
 def test_cache_segments_read_less_on_average():
-  """512 new tokens after 256: sample's 4 segments hold 384, 512, 640 and 768 slots, so the
+  """512 new tokens after 256: sample's 4 segments read 384, 512, 640 and 768 slots, so the
   average step reads less than the whole-cache step, by at least the cache bytes the
   segments leave out, (768 - 576) / 768 of the cache. (The TPU layout pads the slot axis of
   this tiny model's cache, head_dim 16, to 128s, so finer segments read the same.)"""

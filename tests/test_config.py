@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("policy.optim.schedule", "cosine", "policy.optim.schedule"),
     ("pairs.negatives", "llm", "pairs.negatives"),
     ("mesh.data", 0, "mesh.data"),
+    ("rollout.cache_segments", 0, "rollout.cache_segments"),
   ],
 )
 def test_validate_names_the_key(key, value, needle):

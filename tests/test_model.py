@@ -104,15 +104,18 @@ def test_sampling_is_deterministic_per_key(params):
   assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
 
 
+@pytest.mark.parametrize("grow", [True, False], ids=["grown", "sliced"])
 @pytest.mark.parametrize("segments", [2, 5, 13])
-def test_cache_segments_do_not_change_the_samples(params, segments):
-  """The cache grown segment by segment (attention over the filled part only) gives the samples
-  of one full-size cache: same tokens, logprobs to float summation order; 13 > 12 steps means
-  one step per segment."""
+def test_cache_segments_do_not_change_the_samples(params, segments, grow):
+  """Decoding in segments that attend over the filled part only (the cache grown between
+  them, or allocated whole and sliced) gives the samples of one segment over the whole
+  cache: same tokens, logprobs to float summation order; 13 > 12 steps: one step each."""
   toks, mask = _left_pad(ROWS, 8)
   kw = dict(cfg=TINY, max_new_tokens=12, temperature=1.0, top_p=0.95, pad_id=PAD)
   one = sample(params, toks, mask, jax.random.key(7), cache_segments=1, **kw)
-  seg = sample(params, toks, mask, jax.random.key(7), cache_segments=segments, **kw)
+  seg = sample(
+    params, toks, mask, jax.random.key(7), cache_segments=segments, grow_cache=grow, **kw
+  )
   np.testing.assert_array_equal(seg.tokens, one.tokens)
   np.testing.assert_array_equal(seg.mask, one.mask)
   np.testing.assert_allclose(seg.logprobs, one.logprobs, atol=1e-5)

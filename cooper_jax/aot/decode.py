@@ -67,7 +67,7 @@ class DecodeStepResult:
   hbm_bw: float  # per chip, B/s
   peak_flops: float  # per chip, bf16 FLOP/s
   xla_bytes: float  # cost_analysis of the step, every layer counted, at the whole cache
-  xla_bytes_avg: float  # averaged over the decode's steps, each at its segment's cache size
+  xla_bytes_avg: float  # averaged over the decode's steps, each reading its segment's slots
   cache_segments: int  # sampling.sample's cache segments the average is taken over
   xla_flops: float  # the same for XLA's FLOPs
   flops: float  # analytic matmul FLOPs (aot.cost.forward_flops), per chip
@@ -141,7 +141,6 @@ def abstract_decode_inputs(
   prompt_len: int,
   new_tokens: int,
   group_size: int = 1,
-  cache_new_slots: int | None = None,
 ):
   """(params, state, next_pos_b, rng) as ShapeDtypeStructs with shardings; the state's shapes
   are those `sampling.prefill` makes (rows / group_size prompts of prompt_len tokens). params
@@ -156,7 +155,6 @@ def abstract_decode_inputs(
     cfg=cfg,
     max_new_tokens=new_tokens,
     group_size=group_size,
-    cache_new_slots=cache_new_slots,
   )
   state_shapes, pos_shape = jax.eval_shape(fill, params, tok, msk)
   shardings = decode_shardings(cfg, mesh, rows)
@@ -192,14 +190,12 @@ def lower_decode_step(
   top_k: int = 0,
   eos_ids: tuple[int, ...] = (),
   pad_id: int = 0,
-  cache_new_slots: int | None = None,
+  read_slots: int | None = None,
 ):
   """(lowered sampling.decode_step, its abstract inputs): the carry donated and kept in its
-  shardings, as the while_loop holds it; the cache with prompt_len + cache_new_slots slots
-  (default new_tokens)."""
-  inputs = abstract_decode_inputs(
-    cfg, mesh, rows, prompt_len, new_tokens, group_size, cache_new_slots
-  )
+  shardings, as the while_loop holds it; the attention reading the first read_slots cache
+  slots (default all)."""
+  inputs = abstract_decode_inputs(cfg, mesh, rows, prompt_len, new_tokens, group_size)
   step = jax.jit(
     functools.partial(
       decode_step,
@@ -209,6 +205,7 @@ def lower_decode_step(
       top_k=top_k,
       eos_ids=eos_ids,
       pad_id=pad_id,
+      read_slots=read_slots,
     ),
     donate_argnums=1,
     out_shardings=decode_shardings(cfg, mesh, rows),
@@ -268,10 +265,10 @@ def compile_decode_step(
   mem = full.memory_analysis()
   # Per device -> per chip (v4's compile-only topologies list 2 TensorCores per chip).
   xb, xf = raw_bytes * per_chip, raw_flops * per_chip
-  # The decode's steps, segment by segment, each at its segment's cache size.
+  # The decode's steps, segment by segment, each reading its segment's part of the cache.
   ends = segment_ends(n, cache_segments)
   seg_bytes = [
-    _cost(lower_decode_step(cfg, mesh, rows, p_len, n, cache_new_slots=e, **kw)[0].compile())[0]
+    _cost(lower_decode_step(cfg, mesh, rows, p_len, n, read_slots=p_len + e, **kw)[0].compile())[0]
     for e in ends[:-1]
   ] + [raw_bytes]
   xb_avg = sum((e - s) * b for e, s, b in zip(ends, [0] + ends[:-1], seg_bytes)) / n * per_chip

@@ -58,7 +58,19 @@ def _round_up(x: int, m: int) -> int:
 
 
 def _sampler_spec(
-  mesh, name, cfg, params, rows, prompt, new, temperature, top_p, top_k, calls, group_size=1
+  mesh,
+  name,
+  cfg,
+  params,
+  rows,
+  prompt,
+  new,
+  temperature,
+  top_p,
+  top_k,
+  calls,
+  group_size=1,
+  **sample_kw,
 ):
   """sample() on `rows` output rows: rows / group_size prompts, each prefilled once and its
   cache copied to its group_size samples (train.Run.rollout). The prompts are split over the
@@ -85,6 +97,7 @@ def _sampler_spec(
     top_k=top_k,
     eos_ids=(cfg.eos_id,) if cfg.eos_id is not None else (),
     pad_id=cfg.pad_id or 0,
+    **sample_kw,
   )
   if group_size > 1:  # the default stays out of the call, as train.py's assistant passes none
     kw["group_size"] = group_size
@@ -148,6 +161,8 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       ro.top_k,
       rows // sbs,
       ro.group_size,
+      cache_segments=ro.cache_segments,
+      grow_cache=ro.grow_cache,
     )
   )
 

@@ -91,11 +91,19 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(
-    self, x_btd, positions_bt, mask_bt, cache_kv=None, cache_mask_bs=None, cache_index=0
+    self,
+    x_btd,
+    positions_bt,
+    mask_bt,
+    cache_kv=None,
+    cache_mask_bs=None,
+    cache_index=0,
+    read_slots: int | None = None,
   ):
     """-> (out [b, t, d], kv). Without a cache: causal attention within the call, kv = this
     call's (k, v) [b, t, k, e]. With cache_kv = (k, v) [b, k, s, e]: the call's tokens (all
-    real) go to slots [cache_index, cache_index + t) and kv is the updated cache."""
+    real) go to slots [cache_index, cache_index + t) and kv is the updated cache; the attention
+    reads its first read_slots slots (static; default all, which must cover the filled ones)."""
     cfg = self.cfg
     dense = lambda feats, name, bias, axis=-1: nn.DenseGeneral(
       feats,
@@ -134,6 +142,10 @@ class Attention(nn.Module):
         c, jnp.swapaxes(x, 1, 2).astype(c.dtype), slot
       )
       ck_bkse, cv_bkse = put(ck_bkse, k_btke), put(cv_bkse, v_btke)
+      new_kv = (ck_bkse, cv_bkse)
+      if read_slots is not None:
+        ck_bkse, cv_bkse = ck_bkse[:, :, :read_slots], cv_bkse[:, :, :read_slots]
+        cache_mask_bs = cache_mask_bs[:, :read_slots]
       s_len = ck_bkse.shape[2]
       # Slot j is visible to query i iff it holds a real token and j <= cache_index + i.
       causal_ts = jnp.arange(s_len)[None, :] <= cache_index + jnp.arange(t)[:, None]
@@ -152,7 +164,6 @@ class Attention(nn.Module):
         cv_bkse.astype(probs.dtype),
       )
       out_btkge = jnp.transpose(out_bkqe.reshape(b, cfg.n_kv_heads, g, t, -1), (0, 3, 1, 2, 4))
-      new_kv = (ck_bkse, cv_bkse)
     out_bthe = out_btkge.reshape(b, t, cfg.n_heads, cfg.head_dim)
     out_btd = dense(cfg.d_model, "o", False, axis=(-2, -1))(out_bthe)
     return out_btd, new_kv
@@ -177,11 +188,26 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_btd, layer_cache, positions_bt, mask_bt, cache_mask_bs=None, cache_index=0):
+  def __call__(
+    self,
+    x_btd,
+    layer_cache,
+    positions_bt,
+    mask_bt,
+    cache_mask_bs=None,
+    cache_index=0,
+    read_slots: int | None = None,
+  ):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
     h, new_kv = Attention(cfg, name="attn")(
-      norm("attn_norm")(x_btd), positions_bt, mask_bt, layer_cache, cache_mask_bs, cache_index
+      norm("attn_norm")(x_btd),
+      positions_bt,
+      mask_bt,
+      layer_cache,
+      cache_mask_bs,
+      cache_index,
+      read_slots,
     )
     x_btd = x_btd + h
     x_btd = x_btd + MLP(cfg, name="mlp")(norm("mlp_norm")(x_btd))
@@ -264,10 +290,14 @@ def split_layers(params, dtype=None):
   return {**params, "layers": tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n))}
 
 
-def decode_hidden(cfg: ModelConfig, params, tokens_bt, positions_bt, cache: KVCache):
+def decode_hidden(
+  cfg: ModelConfig, params, tokens_bt, positions_bt, cache: KVCache, read_slots: int | None = None
+):
   """Feeds real tokens [b, t] at cache slots [cache.length, cache.length + t): (final-norm hidden
   states [b, t, d], the cache with their keys/values written and length advanced). params as
-  `split_layers` makes them; the layers run unrolled, each on its own cache buffers."""
+  `split_layers` makes them; the layers run unrolled, each on its own cache buffers. The
+  attention reads the first read_slots slots (static; default all): the caller's bound on the
+  filled part."""
   model = Transformer(cfg)
   outer = {"params": {k: v for k, v in params.items() if k != "layers"}}
   x_btd = model.apply(outer, tokens_bt, method=lambda m, t: m.embed(t))
@@ -276,7 +306,14 @@ def decode_hidden(cfg: ModelConfig, params, tokens_bt, positions_bt, cache: KVCa
   ks, vs = [], []
   for layer_params, ck, cv in zip(params["layers"], cache.k, cache.v, strict=True):
     x_btd, (ck, cv) = block.apply(
-      {"params": layer_params}, x_btd, (ck, cv), positions_bt, mask_bt, cache.mask, cache.length
+      {"params": layer_params},
+      x_btd,
+      (ck, cv),
+      positions_bt,
+      mask_bt,
+      cache.mask,
+      cache.length,
+      read_slots,
     )
     ks.append(ck)
     vs.append(cv)
