@@ -88,37 +88,6 @@ def _filter_logits(scaled_bv, top_p: float, top_k: int):
 # sample's default number of cache segments (see `sample`).
 CACHE_SEGMENTS = 4
 
-# Vocabulary block of the two-level inverse-CDF draw (`categorical`).
-CDF_BLOCK = 256
-
-
-def categorical(rng, logits_bv):
-  """One token per row from softmax(logits) (entries at finfo.min or -inf never drawn), by
-  inverse CDF: one uniform u per row, then the first token whose cumulative mass reaches u. The
-  cumulative sums run in two levels (the vocabulary in blocks of CDF_BLOCK: the block sums'
-  cumsum finds u's block, one block's cumsum finds the token), so a step reads the
-  probabilities twice and draws b random numbers. jax.random.categorical draws a Gumbel number
-  per vocabulary entry and was 10x slower on a CPU at batch 16 x 49k. Exact in distribution; a
-  key gives other tokens than jax.random.categorical does."""
-  b, v = logits_bv.shape
-  blk = min(CDF_BLOCK, v)
-  nb = -(-v // blk)
-  probs_bv = jnp.exp(logits_bv - jnp.max(logits_bv, axis=-1, keepdims=True))
-  probs_bnk = jnp.pad(probs_bv, ((0, 0), (0, nb * blk - v))).reshape(b, nb, blk)
-  mass_bn = jnp.sum(probs_bnk, axis=-1)
-  cum_bn = jnp.cumsum(mass_bn, axis=-1)
-  u_b1 = jax.random.uniform(rng, (b, 1), jnp.float32) * cum_bn[:, -1:]
-  # Float rounding can leave u past the last cumulative sum: fall back to the last block /
-  # token with mass, never to one with none.
-  last = lambda ok: jnp.max(jnp.where(ok, jnp.arange(ok.shape[-1]), 0), axis=-1)
-  j_b = jnp.minimum(jnp.sum(cum_bn < u_b1, axis=-1), last(mass_bn > 0))
-  row_bk = jnp.take_along_axis(probs_bnk, j_b[:, None, None], axis=1)[:, 0]
-  before_b1 = jnp.take_along_axis(cum_bn - mass_bn, j_b[:, None], axis=1)
-  t_b = jnp.minimum(
-    jnp.sum(before_b1 + jnp.cumsum(row_bk, axis=-1) < u_b1, axis=-1), last(row_bk > 0)
-  )
-  return (j_b * blk + t_b).astype(jnp.int32)
-
 
 def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
   if temperature == 0.0:
@@ -127,7 +96,11 @@ def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
   else:
     scaled_bv = logits_bv / temperature
     logp_bv = jax.nn.log_softmax(scaled_bv, axis=-1)
-    tok_b = categorical(rng, _filter_logits(scaled_bv, top_p, top_k))
+    # Gumbel-max over the whole vocabulary. An inverse-CDF draw (one uniform per row) was 10x
+    # cheaper on a CPU but made a token depend on the cumulative mass before it, so the
+    # float-level logit differences between mesh layouts flipped tokens (2 processes vs 1
+    # diverged at step 3); a Gumbel argmax flips only on near-ties (BUILD.md, Performance).
+    tok_b = jax.random.categorical(rng, _filter_logits(scaled_bv, top_p, top_k)).astype(jnp.int32)
   return tok_b, jnp.take_along_axis(logp_bv, tok_b[:, None], axis=-1)[:, 0]
 
 

@@ -58,8 +58,9 @@ def get_config(arg: str = "qwen,cooper"):
   #   need 16.3).
   # - rm.score_micro_batch_size 128 rows per forward of the reward pass (1024/128 = 8 passes:
   #   11.6 GiB resident; 256 needs 16.2).
-  # - rollout.sample_batch_size 0: all 1024 rollouts in one sampler call, 13.1 GiB resident
-  #   (each prompt is prefilled once for its 16 samples, so the KV cache dominates). With more
+  # - rollout.sample_batch_size 0: all 1024 rollouts in one sampler call, 15.2 GiB resident
+  #   (15.1 of 15.25 on v4-8; each prompt is prefilled once for its 16 samples, so the KV
+  #   cache dominates). With more
   #   prompts per step, cap it at 1024 rows per call (512 rows: 10.3 GiB).
   # (v5e-8 figures; v4-8's are within 0.5 GiB of them; v5p-8 has 95.7 GiB per chip.)
   # More passes cost time only through weight reads (each pass re-gathers the weights; FLOPs

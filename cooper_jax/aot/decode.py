@@ -135,12 +135,7 @@ def _with(shapes, shardings):
 
 
 def abstract_decode_inputs(
-  cfg: ModelConfig,
-  mesh,
-  rows: int,
-  prompt_len: int,
-  new_tokens: int,
-  group_size: int = 1,
+  cfg: ModelConfig, mesh, rows: int, prompt_len: int, new_tokens: int, group_size: int = 1
 ):
   """(params, state, next_pos_b, rng) as ShapeDtypeStructs with shardings; the state's shapes
   are those `sampling.prefill` makes (rows / group_size prompts of prompt_len tokens). params
@@ -237,12 +232,15 @@ def decode_rows(c) -> int:
 
 
 def compile_decode_step(
-  c, topology: str, *, config_name: str | None = None, cache_segments: int = CACHE_SEGMENTS
+  c, topology: str, *, config_name: str | None = None, cache_segments: int | None = None
 ) -> DecodeStepResult:
   """Compiles the policy's decode step for `topology` at the config's rollout shapes and
   measures it against the floor (module docstring): at the whole cache, and at each of
-  `sample`'s cache segments (one compile each) for the average over the decode. Raises
-  TopologyError / ConfigError."""
+  `sample`'s cache segments (default rollout.cache_segments; one compile each, each step
+  reading its segment's slots) for the average over the decode. Raises TopologyError /
+  ConfigError."""
+  if cache_segments is None:
+    cache_segments = c.rollout.get("cache_segments", CACHE_SEGMENTS)
   devices, kind, chips, mesh = topology_mesh(c, topology)
   per_chip = len(devices) / chips
   peaks = CHIP_PEAKS[kind]
