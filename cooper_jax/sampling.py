@@ -270,11 +270,10 @@ def sample(
   samples do not depend on S (up to float summation order). How the steps see fewer slots:
   - grow_cache=True: the cache holds only those slots and grows by one copy between
     segments. Fastest on a CPU, where a slice inside the loop is a copy at every step (S=4
-    with growth 12.7 s, with slices 16.7 s, S=1 13.7 s: SmolLM2-135M, b16 x 128 new); but the
-    copy holds old and new cache at once (the paper's sampler on v5e-8: 10.4 GiB of
-    temporaries, over its HBM).
+    with growth 12.7 s, with slices 16.7 s, S=1 13.7 s: SmolLM2-135M, b16 x 128 new); but each
+    growth holds the old and the new cache at once.
   - grow_cache=False: the cache is allocated whole and each segment's steps read a static
-    slice of it, which XLA fuses into the attention's reads on a TPU (8.5 GiB there).
+    slice of it, which XLA fuses into the attention's reads on a TPU (experiments/paper.py).
   """
   ends = segment_ends(max_new_tokens, cache_segments)
   state, next_pos_b = prefill(

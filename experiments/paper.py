@@ -58,9 +58,8 @@ def get_config(arg: str = "qwen,cooper"):
   #   need 16.3).
   # - rm.score_micro_batch_size 128 rows per forward of the reward pass (1024/128 = 8 passes:
   #   11.6 GiB resident; 256 needs 16.2).
-  # - rollout.sample_batch_size 0: all 1024 rollouts in one sampler call, 15.2 GiB resident
-  #   (15.1 of 15.25 on v4-8; each prompt is prefilled once for its 16 samples, so the KV
-  #   cache dominates). With more
+  # - rollout.sample_batch_size 0: all 1024 rollouts in one sampler call, 13.1 GiB resident
+  #   (each prompt is prefilled once for its 16 samples, so the KV cache dominates). With more
   #   prompts per step, cap it at 1024 rows per call (512 rows: 10.3 GiB).
   # (v5e-8 figures; v4-8's are within 0.5 GiB of them; v5p-8 has 95.7 GiB per chip.)
   # More passes cost time only through weight reads (each pass re-gathers the weights; FLOPs
@@ -72,11 +71,10 @@ def get_config(arg: str = "qwen,cooper"):
   c.rm.micro_batch_size = 16
   c.rm.score_micro_batch_size = 128
   c.rollout.sample_batch_size = 0
-  # One decode segment: the attention reads the whole cache at every step. 4 segments (each
-  # reading only the slots filled by its end, 9% fewer bytes per step on v5e-8) need 0.8 GiB
-  # more (v4-8: 15.9 GiB resident, over its 15.25). grow_cache False: with more segments the
-  # cache stays allocated whole and is read through slices (growing it holds two caches).
-  c.rollout.cache_segments = 1
+  # The decode in 4 segments, each reading only the cache slots filled by its end (9% fewer
+  # bytes per step on v5e-8), with the cache allocated whole and read through slices:
+  # growing it between segments holds two caches at once. +0.2 GiB over 1 segment (v4-8).
+  c.rollout.cache_segments = 4
   c.rollout.grow_cache = False
   c.pairs.assistant_dtype = "bfloat16"  # 7B: 1.8 GiB per chip sharded, 3.5 in float32
   return c
