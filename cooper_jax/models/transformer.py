@@ -1,12 +1,11 @@
 """A decoder-only transformer (Llama / Qwen2 families) in Flax linen.
 
-One graph serves full-sequence training and KV-cache sampling: every call returns the keys and
-values it computed (`new_kv`), and attends to an optional read-only cache of earlier slots.
-The cache owner (the sampler) writes `new_kv` into its static-shape buffer with one
-dynamic_update_slice, outside the layer scan, so no layer ever copies the cache.
-
-Layers are scanned over a stacked leading axis (as MaxText's scan_layers does), which keeps
-compile time flat in depth. Shape suffixes: b batch, t query time, s cache slot, d model,
+The same layers serve full-sequence training and KV-cache sampling. `Transformer` scans them
+over a stacked leading axis (as MaxText's scan_layers does), which keeps compile time flat in
+depth, and returns the keys/values each layer computed (the prefill's cache). `decode_hidden`
+runs the same `Block` unrolled on per-layer weights (`split_layers`) against the sampler's
+per-layer cache: each layer writes its new keys/values into its own buffer in place, then
+attends over it. Shape suffixes: b batch, t query time, s cache slot, d model,
 h heads, k kv heads, g query heads per kv head, e head_dim, f feed-forward, v vocab, l layer.
 """
 
