@@ -26,6 +26,7 @@ from cooper_jax.models.transformer import (
   KVCache,
   Transformer,
   decode_hidden,
+  outer_variables,
   positions_from_mask,
   split_layers,
 )
@@ -216,8 +217,9 @@ def decode_step(
   h_b1d, cache = decode_hidden(
     cfg, params, tok_b[:, None], (next_pos_b + i)[:, None], state.cache, read_slots
   )
-  variables = {"params": {k: v for k, v in params.items() if k != "layers"}}
-  logits_bv = Transformer(cfg).apply(variables, h_b1d, method=Transformer.logits)[:, 0]
+  logits_bv = Transformer(cfg).apply(outer_variables(params), h_b1d, method=Transformer.logits)[
+    :, 0
+  ]
   return DecodeState(i + 1, cache, logits_bv, done_b, out_tok, out_logp, out_mask)
 
 
@@ -270,7 +272,8 @@ def sample(
   samples do not depend on S (up to float summation order). How the steps see fewer slots:
   - grow_cache=True: the cache holds only those slots and grows by one copy between
     segments. Fastest on a CPU, where a slice inside the loop is a copy at every step (S=4
-    with growth 12.7 s, with slices 16.7 s, S=1 13.7 s: SmolLM2-135M, b16 x 128 new); but each
+    with growth 12.7 s, with slices 16.7 s, S=1 13.7 s: SmolLM2-135M, b16 x 128 new, timed
+    with a since-reverted cheaper draw, so the absolute times are lower than today's); but each
     growth holds the old and the new cache at once.
   - grow_cache=False: the cache is allocated whole and each segment's steps read a static
     slice of it, which XLA fuses into the attention's reads on a TPU (experiments/paper.py).

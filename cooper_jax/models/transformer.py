@@ -289,6 +289,12 @@ def split_layers(params, dtype=None):
   return {**params, "layers": tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n))}
 
 
+def outer_variables(params):
+  """{"params": ...} without the layers: what Transformer's embed, final_norm and logits read
+  (decode_hidden and the sampler apply them to params as split_layers makes them)."""
+  return {"params": {k: v for k, v in params.items() if k != "layers"}}
+
+
 def decode_hidden(
   cfg: ModelConfig, params, tokens_bt, positions_bt, cache: KVCache, read_slots: int | None = None
 ):
@@ -298,7 +304,7 @@ def decode_hidden(
   attention reads the first read_slots slots (static; default all): the caller's bound on the
   filled part."""
   model = Transformer(cfg)
-  outer = {"params": {k: v for k, v in params.items() if k != "layers"}}
+  outer = outer_variables(params)
   x_btd = model.apply(outer, tokens_bt, method=lambda m, t: m.embed(t))
   mask_bt = jnp.ones(tokens_bt.shape, bool)
   block = Block(cfg)
