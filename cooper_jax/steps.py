@@ -48,22 +48,30 @@ def _all_finite(tree) -> jax.Array:
 
 
 def apply_update(state: State, optimizer, loss, grads, metrics) -> tuple[State, dict]:
-  """One guarded optimiser update: skipped (state kept, counter bumped) if anything is non-finite."""
+  """One guarded optimiser update: skipped (state kept, counter bumped) if anything is non-finite.
+
+  The guard is a `lax.cond`, so only the branch taken runs: an elementwise select between the
+  new and the old state would read params and optimiser state twice more and write them once
+  more at every step (~0.4 s of a 9 s SmolLM2-135M step on a 2-core CPU)."""
   ok = jnp.isfinite(loss) & _all_finite(grads)
-  safe_grads = jax.tree.map(lambda g: jnp.where(ok, g, jnp.zeros_like(g)), grads)
-  updates, opt_state = optimizer.update(safe_grads, state["opt_state"], state["params"])
-  params = optax.apply_updates(state["params"], updates)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+  def update(params, opt_state, grads):
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  params, opt_state = jax.lax.cond(
+    ok, update, lambda p, o, _: (p, o), state["params"], state["opt_state"], grads
+  )
   new_state = {
-    "params": keep(params, state["params"]),
-    "opt_state": keep(opt_state, state["opt_state"]),
+    "params": params,
+    "opt_state": opt_state,
     "step": state["step"] + ok.astype(jnp.int32),
     "n_skipped": state["n_skipped"] + (~ok).astype(jnp.int32),
   }
   metrics = dict(
     metrics,
     loss=loss,
-    grad_norm=optax.tree.norm(safe_grads),
+    grad_norm=jnp.where(ok, optax.tree.norm(grads), 0.0),
     skipped=(~ok).astype(jnp.float32),
     n_skipped=new_state["n_skipped"],
   )
