@@ -309,7 +309,7 @@ def trace_full_shapes(report, shapes, sz_full: dict) -> None:
     sample.lower(
       params, i32(b, p), bools(b, p), jax.random.key(0), cfg=cfg, max_new_tokens=n, eos_ids=()
     )
-    step_cfg = cfg.replace(param_dtype="float32", remat=True)
+    step_cfg = cfg.replace(param_dtype="float32", remat="full")
     sparams = jax.eval_shape(lambda k, cfg=step_cfg: init_params(cfg, k), jax.random.key(0))
     state = jax.eval_shape(lambda pr: steps.init_state(pr, opt), sparams)
     batch = {
@@ -371,7 +371,7 @@ def gpu_mode(args, report) -> None:
     if "policy_step" not in args.only:
       continue
     b, p, n = sz["step"]
-    step_cfg = cfg.replace(param_dtype="float32", remat=True)  # mixed precision, as the paper
+    step_cfg = cfg.replace(param_dtype="float32", remat="full")  # mixed precision, as the paper
     sparams = S.random_params(step_cfg)
     S.policy_step_section(
       report,

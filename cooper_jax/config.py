@@ -70,7 +70,7 @@ def model_config(**extra) -> ml_collections.ConfigDict:
       random_model=random_model_config(),
       dtype="float32",
       param_dtype="float32",
-      remat=False,
+      remat="projections",  # or "none", "full": see models.config.REMAT_CHOICES
       **extra,
     )
   )

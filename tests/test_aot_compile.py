@@ -90,7 +90,7 @@ def test_analytic_flops_match_xla_loop_body():
     family="qwen2",
     qkv_bias=True,
     dtype="bfloat16",
-    remat=True,
+    remat="full",
   ).replace(n_layers=2)
   body_once = cfg.replace(n_layers=1)
   topo = aot.get_topology(TOPOLOGY)

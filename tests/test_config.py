@@ -76,9 +76,9 @@ def test_total_steps_follow_train_steps_unless_set():
 
 def test_load_config_overrides_parse_literals_and_name_unknown_keys():
   c = config_lib.load_config(
-    f"{ROOT}/experiments/tiny.py:rule", ["rollout.group_size=8", "policy.remat=False"]
+    f"{ROOT}/experiments/tiny.py:rule", ["rollout.group_size=8", "policy.remat=none"]
   )
-  assert c.reward_mode == "rule" and c.rollout.group_size == 8 and c.policy.remat is False
+  assert c.reward_mode == "rule" and c.rollout.group_size == 8 and c.policy.remat == "none"
   with pytest.raises(KeyError, match="rollout.groupsize"):
     config_lib.load_config(f"{ROOT}/experiments/tiny.py", ["rollout.groupsize=8"])
   with pytest.raises((TypeError, ValueError)):

@@ -256,15 +256,23 @@ def test_score_head_reads_last_real_token(params):
   assert s_alone.shape == (1,)
 
 
-def test_remat_changes_nothing_numerically(params):
+@pytest.mark.parametrize("policy", ["projections", "full"])
+def test_remat_changes_nothing_numerically(params, policy):
   toks, mask = _left_pad(ROWS, 8)
 
   def loss(p, cfg):
     return jnp.mean(forward(cfg, p, toks, mask) ** 2)
 
-  g0 = jax.grad(loss)(params, TINY)
-  g1 = jax.grad(loss)(params, TINY.replace(remat=True))
+  g0 = jax.grad(loss)(params, TINY.replace(remat="none"))
+  g1 = jax.grad(loss)(params, TINY.replace(remat=policy))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g0, g1)
+
+
+def test_remat_policy_names_checked():
+  with pytest.raises(ValueError, match="remat must be one of"):
+    TINY.replace(remat="True")
+  # Checkpoint metadata from before the policies stored a bool.
+  assert TINY.replace(remat=True).remat == "full" and TINY.replace(remat=False).remat == "none"
 
 
 def test_bf16_compute_close_to_fp32(params):

@@ -25,13 +25,17 @@ def _layer_matmul_params(cfg: ModelConfig) -> int:
   )
 
 
+def _attention_flops(cfg: ModelConfig, rows: int, q_len: int, kv_len: int) -> int:
+  return 4 * rows * cfg.n_layers * q_len * kv_len * cfg.n_heads * cfg.head_dim
+
+
 def forward_flops(cfg: ModelConfig, rows: int, q_len: int, kv_len: int, head_tokens: int) -> int:
   """Matmul FLOPs of one forward: 2 per weight per token for q/k/v/o and the MLP, attention
   scores and mixing 4*q*kv*heads*head_dim per layer (this implementation computes every
   (query, slot) pair and masks, so no causal halving), the LM head on `head_tokens` positions
   (the score head's d FLOPs are negligible and left out). Norms, RoPE, softmax: left out."""
   layers = 2 * rows * q_len * cfg.n_layers * _layer_matmul_params(cfg)
-  attn = 4 * rows * cfg.n_layers * q_len * kv_len * cfg.n_heads * cfg.head_dim
+  attn = _attention_flops(cfg, rows, q_len, kv_len)
   head = 2 * rows * head_tokens * cfg.d_model * cfg.vocab_size if cfg.head == "lm" else 0
   return layers + attn + head
 
@@ -39,13 +43,16 @@ def forward_flops(cfg: ModelConfig, rows: int, q_len: int, kv_len: int, head_tok
 def train_flops(
   cfg: ModelConfig, rows: int, seq: int, head_tokens: int, chunked_head: bool = False
 ) -> int:
-  """Forward + backward (2x forward) + the layers' forward once more under remat
-  (nothing_saveable recomputes each block in the backward pass). The LM head is recomputed
-  in the backward only when it runs in checkpointed chunks (policy.logprob_chunk > 0)."""
+  """Forward + backward (2x forward) + what remat recomputes in the backward pass: each
+  layer's whole forward under remat="full", its attention (scores and mixing) under
+  "projections". The LM head is recomputed in the backward only when it runs in
+  checkpointed chunks (policy.logprob_chunk > 0)."""
   fwd = forward_flops(cfg, rows, seq, seq, head_tokens)
   layers_only = forward_flops(cfg.replace(head="score"), rows, seq, seq, 0)
+  attn = _attention_flops(cfg, rows, seq, seq)
   head = fwd - layers_only
-  return 3 * fwd + (layers_only if cfg.remat else 0) + (head if chunked_head else 0)
+  recompute = {"none": 0, "projections": attn, "full": layers_only}[cfg.remat]
+  return 3 * fwd + recompute + (head if chunked_head else 0)
 
 
 def sampler_flops(
@@ -110,6 +117,6 @@ def train_bytes(cfg: ModelConfig, fwd_acts, w, n_dev, tensor, n_micro):
   """Forward + backward (~2x forward traffic) + remat recompute (1x), weights read in each of
   those passes per micro-batch, plus the AdamW update: per device, read param/grad/m/v and
   write param/m/v of its shard (fp32 moments as param_dtype here)."""
-  passes = 3 + (1 if cfg.remat else 0)
+  passes = 3 + (1 if cfg.remat == "full" else 0)
   opt = 7 * w / n_dev
   return per_device(passes * fwd_acts, w, n_dev, tensor, passes * n_micro) + opt

@@ -9,6 +9,11 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# What each decoder layer keeps for the backward pass (see transformer.REMAT_POLICIES):
+# "none" everything, "projections" the q/k/v/o and MLP matmul outputs (attention scores,
+# softmax, norms, RoPE and SiLU are recomputed), "full" only its input (the layer's whole
+# forward is recomputed: the paper-scale memory setting).
+REMAT_CHOICES = ("none", "projections", "full")
 
 # Hugging Face architectures this port reads and writes, by (family, head).
 HF_ARCHITECTURES = {
@@ -83,7 +88,7 @@ class ModelConfig:
   max_seq_len: int = 4096
   param_dtype: str = "float32"
   dtype: str = "float32"
-  remat: bool = False
+  remat: str = "projections"
   bos_id: int | None = None
   eos_id: int | None = None
   pad_id: int | None = None
@@ -108,6 +113,10 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.head must be 'lm' or 'score', got {self.head!r}")
     if self.family not in ("llama", "qwen2"):
       raise ValueError(f"ModelConfig.family must be 'llama' or 'qwen2', got {self.family!r}")
+    if isinstance(self.remat, bool):  # checkpoint metadata written before remat had policies
+      object.__setattr__(self, "remat", "full" if self.remat else "none")
+    if self.remat not in REMAT_CHOICES:
+      raise ValueError(f"ModelConfig.remat must be one of {REMAT_CHOICES}, got {self.remat!r}")
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(
