@@ -5,6 +5,8 @@
   python benchmarks/run.py --gpu --out results/bench/gpu.json     # GPU, random 135M/1.5B shapes
 
 CPU sections (`--only` picks some):
+  matmul       jax's 2048-cube float32 matmul (the peak the FLOP/s figures divide by) vs
+               PyTorch's on the same CPU.
   sampler      cooper_jax `sample` vs HF `generate` (torch, fp32) on the embedded SmolLM2-135M
                (exported with save_hf_dir, so both load the same weights) and the same token
                ids (the first GSM8K test questions, chat-templated, left-padded), batches 16
@@ -47,7 +49,7 @@ if str(REPO) not in sys.path:  # run as a script: make `benchmarks` and `cooper_
 from benchmarks import harness  # noqa: E402
 from benchmarks.torch_side import DEFAULT_TORCH_PYTHON  # noqa: E402
 
-SECTIONS = ("sampler", "policy_step", "checkpoint", "iteration")
+SECTIONS = ("matmul", "sampler", "policy_step", "checkpoint", "iteration")
 
 # Hugging Face transformers 5.17 / PyTorch 2.11 on one H200, random bf16 weights
 # (../shared/docs/gpu-and-peers.md): generate at batch 256, prompt 256, 512 new tokens, and a
@@ -179,11 +181,16 @@ def cpu_mode(args, report) -> None:
       f"best of {peak_reps})",
       flush=True,
     )
-    needs_peer = {"sampler", "policy_step"} & set(args.only)
+    needs_peer = {"matmul", "sampler", "policy_step"} & set(args.only)
     peer = torch_peer(args, report) if needs_peer else None
     hf_dir = None
     if peer is not None:
       hf_dir = str(save_hf_dir(cfg, params, root / "hf"))  # the very weights we run
+      if "matmul" in args.only:
+        S.matmul_section(
+          report, lambda: peer.call("matmul", n=n_peak, reps=peak_reps), peak, args.runs
+        )
+        print("matmul done", flush=True)
 
     if "sampler" in args.only:
       gen = None

@@ -125,6 +125,25 @@ def matmul_peak(n: int, reps: int = 5, dtype=jnp.float32) -> dict:
   return {"flops_per_s": 2.0 * n**3 / min(secs), "seconds": secs, "n": n, "dtype": str(a.dtype)}
 
 
+def matmul_section(report: harness.Report, peer_matmul: Callable, peak: Callable, runs: int):
+  """XLA's n-cube float32 matmul (the peak the other figures divide by) vs PyTorch's on the
+  same CPU: the ceiling a jax step built of such matmuls has against its PyTorch peer."""
+  fig = report.figure(
+    key="matmul",
+    label="n-cube float32 matmul: FLOP/s, jax (XLA) vs PyTorch",
+    unit="GFLOP/s",
+    ours_label="jax",
+    peer_label="PyTorch",
+  )
+  for _ in range(runs):
+    load = harness.load1()
+    pr = peer_matmul()
+    pk = peak()
+    fig.add_run(
+      pk["flops_per_s"] / 1e9, 2.0 * pk["n"] ** 3 / min(pr["seconds"]) / 1e9, load, n=pk["n"]
+    )
+
+
 # -------------------------------------------------------------------------------- sampler
 class OurSampler:
   """cooper_jax `sample` compiled ahead of time for one shape (compile time measured on its

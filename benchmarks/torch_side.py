@@ -136,6 +136,18 @@ class _Worker:
       produced = int(out.shape[1] - tokens.shape[1])
     return {"seconds": seconds, "new_tokens": produced, "batch": int(tokens.shape[0])}
 
+  def matmul(self, n, reps):
+    """Seconds of an n-cube float32 matmul, `reps` times after a warm-up call."""
+    t = self.torch
+    a, b = t.randn(n, n), t.randn(n, n)
+    a @ b
+    seconds = []
+    for _ in range(reps):
+      t0 = time.perf_counter()
+      a @ b
+      seconds.append(time.perf_counter() - t0)
+    return {"seconds": seconds, "n": n}
+
   def train_step(self, hf_dir, npz, prompt_len, reps, lr=1e-6, weight_decay=0.01, clip=1.0):
     """GRPO's on-policy gradient (ratio 1): -mean(advantage x log p(response token)) over the
     response positions, the LM head applied only there, as the project's policy step does;
