@@ -48,10 +48,13 @@ class KVCache(NamedTuple):
 
 
 def _tokens_flat(x_btd):
-  """[b, t, d] -> [b * t, d] (a bitcast): what every position-wise projection takes. Its weight
-  gradient then contracts one token axis; over (b, t) XLA's CPU backend wrote each
-  [b, t, f] activation gradient out transposed first, which cost a training step more than
-  all its attention (SmolLM2-135M, 8 x 256 tokens: MLP forward + backward 186 vs 110 ms)."""
+  """[b, t, d] -> [b * t, d] (a bitcast), what the MLP's projections take: their weight
+  gradients then contract one token axis. Over (b, t) XLA's CPU backend wrote each [b, t, f]
+  activation gradient out transposed first, which cost a training step more than all its
+  attention (SmolLM2-135M, 8 x 256 tokens: MLP forward + backward 186 vs 110 ms a layer; the
+  step 13.1 -> 8.8 s). Not in the attention's projections or the LM head: there it made no
+  difference on the CPU beyond noise and cost the paper's policy_step 1.2 GiB more per chip
+  on TPU v5e (13.4 -> 14.6 GiB)."""
   return x_btd.reshape(-1, x_btd.shape[-1])
 
 
@@ -129,21 +132,13 @@ class Attention(nn.Module):
       param_dtype=cfg.jnp_param_dtype,
       name=name,
     )
-    b, t = x_btd.shape[:2]
-    # The projections see the tokens as one [b * t] axis (see `_tokens_flat`).
-    x_nd = _tokens_flat(x_btd)
-    q_bthe = dense((cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x_nd).reshape(
-      b, t, -1, cfg.head_dim
-    )
-    k_btke = dense((cfg.n_kv_heads, cfg.head_dim), "k", cfg.qkv_bias)(x_nd).reshape(
-      b, t, -1, cfg.head_dim
-    )
-    v_btke = dense((cfg.n_kv_heads, cfg.head_dim), "v", cfg.qkv_bias)(x_nd).reshape(
-      b, t, -1, cfg.head_dim
-    )
+    q_bthe = dense((cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x_btd)
+    k_btke = dense((cfg.n_kv_heads, cfg.head_dim), "k", cfg.qkv_bias)(x_btd)
+    v_btke = dense((cfg.n_kv_heads, cfg.head_dim), "v", cfg.qkv_bias)(x_btd)
     q_bthe = rope(q_bthe, positions_bt, cfg.rope_theta, cfg.rope_scaling)
     k_btke = rope(k_btke, positions_bt, cfg.rope_theta, cfg.rope_scaling)
 
+    b, t = x_btd.shape[:2]
     g = cfg.n_heads // cfg.n_kv_heads
     q_btkge = q_bthe.reshape(b, t, cfg.n_kv_heads, g, cfg.head_dim) * (cfg.head_dim**-0.5)
 
@@ -188,8 +183,8 @@ class Attention(nn.Module):
         cv_bkse.astype(probs.dtype),
       )
       out_btkge = jnp.transpose(out_bkqe.reshape(b, cfg.n_kv_heads, g, t, -1), (0, 3, 1, 2, 4))
-    out_nhe = out_btkge.reshape(b * t, cfg.n_heads, cfg.head_dim)
-    out_btd = dense(cfg.d_model, "o", False, axis=(-2, -1))(out_nhe).reshape(b, t, -1)
+    out_bthe = out_btkge.reshape(b, t, cfg.n_heads, cfg.head_dim)
+    out_btd = dense(cfg.d_model, "o", False, axis=(-2, -1))(out_bthe)
     return out_btd, new_kv
 
 
@@ -268,7 +263,6 @@ class Transformer(nn.Module):
       split_rngs={"params": True},
       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
       length=cfg.n_layers,
-      unroll=int(__import__("os").environ.get("UNROLL", "1")),
     )(cfg, name="layers")
     self.final_norm = RMSNorm(cfg.rms_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name="final_norm")
     dense = lambda feats, name: nn.Dense(
@@ -285,9 +279,9 @@ class Transformer(nn.Module):
     return self.final_norm(x_btd), new_kv
 
   def logits(self, h_btd):
-    h_nd = _tokens_flat(h_btd)
-    out_nv = self.embed.attend(h_nd) if self.cfg.tie_embeddings else self.lm_head(h_nd)
-    return out_nv.reshape(*h_btd.shape[:-1], -1).astype(jnp.float32)
+    if self.cfg.tie_embeddings:
+      return self.embed.attend(h_btd).astype(jnp.float32)
+    return self.lm_head(h_btd).astype(jnp.float32)
 
   def scores(self, h_btd, mask_bt):
     """Scalar score (a logit) at the last real token of each row, as HF's SequenceClassification."""
