@@ -14,6 +14,7 @@ from pathlib import Path
 import ml_collections
 from ml_collections import config_dict
 
+from cooper_jax.models.config import REMAT_CHOICES
 from cooper_jax.optim import SCHEDULES
 from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
@@ -265,6 +266,11 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       "config.rollout.response_pad_multiple must be an int >= 0, got "
       f"{c.rollout.response_pad_multiple!r}"
     )
+  for section in ("policy", "rm"):
+    if c[section].remat not in REMAT_CHOICES:
+      raise ValueError(
+        f"config.{section}.remat={c[section].remat!r}: expected one of {REMAT_CHOICES}"
+      )
   if not isinstance(c.rollout.cache_segments, int) or c.rollout.cache_segments < 1:
     raise ValueError(
       f"config.rollout.cache_segments must be an int >= 1, got {c.rollout.cache_segments!r}"

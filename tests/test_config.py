@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
     ("pairs.negatives", "llm", "pairs.negatives"),
     ("mesh.data", 0, "mesh.data"),
     ("rollout.cache_segments", 0, "rollout.cache_segments"),
+    ("policy.remat", "True", "policy.remat"),
+    ("rm.remat", "dots", "rm.remat"),
   ],
 )
 def test_validate_names_the_key(key, value, needle):
