@@ -14,7 +14,7 @@ from pathlib import Path
 import ml_collections
 from ml_collections import config_dict
 
-from cooper_jax.models.config import REMAT_CHOICES
+from cooper_jax.models import REMAT_CHOICES
 from cooper_jax.optim import SCHEDULES
 from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
@@ -71,7 +71,7 @@ def model_config(**extra) -> ml_collections.ConfigDict:
       random_model=random_model_config(),
       dtype="float32",
       param_dtype="float32",
-      remat="projections",  # or "none", "full": see models.config.REMAT_CHOICES
+      remat="projections",  # or "none", "full": see cooper_jax/models/__init__.py
       **extra,
     )
   )

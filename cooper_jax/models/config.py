@@ -8,12 +8,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from cooper_jax.models import REMAT_CHOICES
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-# What each decoder layer keeps for the backward pass (see transformer.REMAT_POLICIES):
-# "none" everything, "projections" the q/k/v/o and MLP matmul outputs (attention scores,
-# softmax, norms, RoPE and SiLU are recomputed), "full" only its input (the layer's whole
-# forward is recomputed: the paper-scale memory setting).
-REMAT_CHOICES = ("none", "projections", "full")
 
 # Hugging Face architectures this port reads and writes, by (family, head).
 HF_ARCHITECTURES = {
