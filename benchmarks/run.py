@@ -19,7 +19,9 @@ CPU sections (`--only` picks some):
                np.load of the same arrays.
   iteration    one Cooper iteration vs one rule-only iteration of experiments/smollm2.py
                (cpu_smoke sizes, perturb negatives, same seed so the same prompts), through
-               cooper_jax.train.train, with the loop's time/* metrics side by side.
+               cooper_jax.train.train, with the loop's time/* metrics side by side; trained
+               on one-step sums (sections.easy_arithmetic) so that Cooper's RM update falls in
+               the timed steps; 2 warm-up steps (policy_step and rm_step compile).
 
 The torch side runs in a throwaway venv (--torch-python, default /tmp/ref/bin/python) as one
 long-lived subprocess (benchmarks/torch_side.py), so each run times the peer right before ours.
@@ -106,9 +108,11 @@ def sizes(args) -> dict:
       peak=(256, 3) if q else (2048, 5),
       sampler_reps=1 if q else 2,
       step_reps=1 if q else 3,
-      iteration=("experiments/tiny.py", ("rollout.max_new_tokens=8",))
+      # (spec, overrides, warm-up steps, train on easy sums so the RM updates: see
+      # sections.easy_arithmetic)
+      iteration=("experiments/tiny.py", ("rollout.max_new_tokens=8",), 1, False)
       if q
-      else ("experiments/smollm2.py:cpu_smoke", ()),
+      else ("experiments/smollm2.py:cpu_smoke", (), 2, True),
     )
   if args.batches:
     s["batches"] = [int(b) for b in args.batches.split(",")]
@@ -267,8 +271,10 @@ def cpu_mode(args, report) -> None:
     del policy_state, params
 
     if "iteration" in args.only:
-      spec, overrides = sz["iteration"]
-      S.iteration_section(report, spec, args.runs, root / "train", overrides)
+      spec, overrides, warmup, easy = sz["iteration"]
+      if easy:
+        overrides += (f"data.train={S.easy_arithmetic(root / 'easy_sums.jsonl')}",)
+      S.iteration_section(report, spec, args.runs, root / "train", overrides, warmup=warmup)
       print("iteration done", flush=True)
   finally:
     if peer is not None:

@@ -154,7 +154,7 @@ class CooperReward(StaticRMReward):
     if c.pairs.negatives != "on_policy":
       kw = _assistant(c, mesh) if c.pairs.negatives == "llm_rewrite" else {}
       self.negatives = make_negative_generator(c.pairs.negatives, **kw)
-    self._rm_step = None
+    self._rm_steps = {}  # one jitted rm_step per pair-row count (see pair_rows)
 
   @staticmethod
   def optimizer(c):
@@ -199,8 +199,9 @@ class CooperReward(StaticRMReward):
     if n_valid > 0:
       rb, n_trunc = self._pair_batch(pairs, n_prompts, ro.index[::group] // group)
       m["rm/pair_inputs_truncated"] = int(dist.sum_over_processes(n_trunc))
-      if self._rm_step is None:
-        self._rm_step = steps.make_rm_step(
+      m["rm/pair_rows"] = n_rows = int(rb["valid"].shape[0])
+      if n_rows not in self._rm_steps:
+        self._rm_steps[n_rows] = steps.make_rm_step(
           self.cfg,
           "bt",
           self.opt,
@@ -211,7 +212,7 @@ class CooperReward(StaticRMReward):
         )
       per_update = []
       for _ in range(c.rm.updates_per_step):  # 1 = the paper; K > 1 reuses the pairs K times
-        self.state, rmm = self._rm_step(self.state, rb)
+        self.state, rmm = self._rm_steps[n_rows](self.state, rb)
         per_update.append(jax.device_get(rmm))
       # the first update's metrics: the RM on fresh pairs, before it has fitted them
       m.update({f"rm_train/{k}": v for k, v in per_update[0].items()})
@@ -219,15 +220,27 @@ class CooperReward(StaticRMReward):
     return m
 
   def _pair_batch(self, pairs, n_total: int, prompt_index: np.ndarray):
-    """Positives and negatives tokenised together, so both halves share one width (agreed by
-    all processes); this process's pairs become its rows of global [n_total, ...] arrays."""
-    n = len(pairs.questions)
-    pos = [p if v else "" for p, v in zip(pairs.positives, pairs.valid)]
-    neg = [q if v else "" for q, v in zip(pairs.negatives, pairs.valid)]
+    """This process's valid pairs first, then as few invalid rows as the bucketed row count
+    needs (`pair_rows`), so rm_step's cost follows the valid pairs, not the prompts.
+    Positives and negatives are tokenised together, so both halves share one width (agreed by
+    all processes); each process puts the same number of rows into the global arrays."""
+    mine = dist.local_rows(sharding.batch_sharding(self.mesh, 1), n_total)
+    if not np.array_equal(mine, prompt_index):
+      raise ValueError(f"pair rows {mine.tolist()} are not this process's prompts")
+    valid = np.asarray(pairs.valid, bool)
+    n_local, procs = len(mine), dist.process_count()
+    shards = n_local * self.mesh.shape["data"] * self.mesh.shape["fsdp"] // n_total
+    unit = self.c.rm.micro_batch_size // procs if self.c.rm.micro_batch_size else shards
+    rows = pair_rows(dist.max_over_processes(int(valid.sum())), n_local, unit)
+    keep = np.argsort(~valid, kind="stable")[:rows]  # valid first, each group in order
+    questions = [pairs.questions[i] for i in keep]
+    refs = [pairs.references[i] for i in keep]
+    pos = [pairs.positives[i] if valid[i] else "" for i in keep]
+    neg = [pairs.negatives[i] if valid[i] else "" for i in keep]
     tok, mask, cut = encode_rm_inputs(
       self.tokenizer,
-      pairs.questions * 2,
-      pairs.references * 2,
+      questions * 2,
+      refs * 2,
       pos + neg,
       self.c.rm.max_len,
       pad_to_multiple=RM_PAD_MULTIPLE,
@@ -235,22 +248,32 @@ class CooperReward(StaticRMReward):
     width = dist.max_over_processes(tok.shape[1])
     tok, mask = _left_pad_to(tok, mask, width, self.tokenizer.pad_id)
     batch = {
-      "pos_tokens": tok[:n],
-      "pos_mask": mask[:n],
-      "neg_tokens": tok[n:],
-      "neg_mask": mask[n:],
-      "valid": np.asarray(pairs.valid, np.float32),
+      "pos_tokens": tok[:rows],
+      "pos_mask": mask[:rows],
+      "neg_tokens": tok[rows:],
+      "neg_mask": mask[rows:],
+      "valid": valid[keep].astype(np.float32),
     }
-    mine = dist.local_rows(sharding.batch_sharding(self.mesh, 1), n_total)
-    if not np.array_equal(mine, prompt_index):
-      raise ValueError(f"pair rows {mine.tolist()} are not this process's prompts")
+    n_global = rows * procs
     batch = {
       k: dist.put_local_rows(
-        v, sharding.batch_sharding(self.mesh, v.ndim), (n_total,) + v.shape[1:]
+        v, sharding.batch_sharding(self.mesh, v.ndim), (n_global,) + v.shape[1:]
       )
       for k, v in batch.items()
     }
     return batch, int(cut.sum())
+
+
+def pair_rows(k_max: int, n_local: int, unit: int) -> int:
+  """Rows per process of an RM pair batch: the most valid pairs any process has (k_max),
+  rounded up to `unit` times a power of two (a few compiled shapes), at most n_local (the
+  prompts). unit: the process's row shards, or its share of rm.micro_batch_size."""
+  if unit < 1 or n_local % unit:
+    raise ValueError(f"pair rows: unit {unit} must divide this process's {n_local} prompts")
+  blocks = 1
+  while blocks * unit < k_max:
+    blocks *= 2
+  return min(n_local, blocks * unit)
 
 
 def make_reward_mode(c, mesh, verifier: RuleVerifier) -> RuleReward:

@@ -175,11 +175,46 @@ def test_iteration_section_pairs_steady_steps(tmp_path):
   assert header[-1] == "cooper - rule" and ["3", "time/rm_s", "0", "1.00", "+1.00"] in rows
 
 
+def test_iteration_section_warmup_and_rm_update_count(tmp_path):
+  # Steps 1-2 warm up; the RM updates at steps 2 and 4 only, so one of the 2 timed steps has it.
+  def fake_train(spec, mode, steps, workdir, overrides):
+    assert steps == 4 and overrides == ("data.train=x.jsonl",)
+    return [
+      {"time/step_s": 10.0 + i, "rm_train/updated": float(mode == "cooper" and i in (1, 3))}
+      for i in range(steps)
+    ]
+
+  rep = harness.Report("t", {})
+  sections.iteration_section(
+    rep, "s", 2, tmp_path, ("data.train=x.jsonl",), run_train=fake_train, warmup=2
+  )
+  (fig,) = rep.figures
+  assert [r["step"] for r in fig.runs] == [3, 4] and [r["rm_update"] for r in fig.runs] == [
+    False,
+    True,
+  ]
+  assert "1 of the 2 timed Cooper steps updated the RM" in fig.notes
+  assert not any("first RM update" in n for n in fig.notes)  # it fell in the warm-up
+
+
+def test_easy_arithmetic_rows_load_and_verify(tmp_path):
+  from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
+  from cooper_jax.rewards.verify import verify_one  # pylint: disable=import-outside-toplevel
+
+  rows, report = load_qa(str(sections.easy_arithmetic(tmp_path / "e.jsonl", n=5)))
+  assert report.rows == 5 and report.skipped == 0
+  for row in rows:
+    a, b = (int(x) for x in row["question"].removeprefix("What is ").rstrip("?").split(" + "))
+    assert verify_one(f"So \\boxed{{{a + b}}}", row["answer"])[1]
+    assert not verify_one(f"So \\boxed{{{a + b + 1}}}", row["answer"])[1]
+
+
 def test_cli_sizes():
   a = run.parse_args(["--quick"])
   assert a.runs == 3 and a.name == "cpu_quick" and a.out.endswith("results/bench/cpu_quick.json")
   assert run.sizes(a)["batches"] == [2, 4]
   full = run.sizes(run.parse_args([]))
+  assert full["iteration"] == ("experiments/smollm2.py:cpu_smoke", (), 2, True)
   assert full["batches"] == [16, 64] and full["new_tokens"] == 128 and full["step"] == (8, 128, 128)
   g = run.sizes(run.parse_args(["--gpu"]))
   assert g["batches"] == [256] and g["prompt"] == 256 and g["new_tokens"] == 512

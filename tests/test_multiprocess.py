@@ -1,14 +1,17 @@
 """Several JAX processes on this CPU, joined by jax.distributed on localhost (gloo collectives):
 the tiny config as 2 processes x 2 devices against 1 process x 4 devices, a process killed
-mid-run, a SIGTERM to one process, and a corrupt newest checkpoint step.
+mid-run, a SIGTERM to one process, a corrupt newest checkpoint step, and Cooper's RM pair batch
+built by each process from its own pairs (tests/mp_pair_batch_worker.py).
 
 Each process is `python -m cooper_jax.train` with its own --config.distributed.* flags, as a
 user would start one per host."""
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +38,25 @@ def _free_port() -> int:
 
 def _launch(workdir, n_proc, devices, *overrides, steps):
   """Starts n_proc training processes (devices CPU devices each); returns the Popens."""
+
+  def cmd(i, port):
+    c = train_cmd(workdir, steps, *COMMON, *overrides)
+    if n_proc > 1:
+      c += [
+        f"--config.distributed.coordinator_address=localhost:{port}",
+        f"--config.distributed.num_processes={n_proc}",
+        f"--config.distributed.process_id={i}",
+        f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_S}",
+        "--config.distributed.initialization_timeout_s=120",
+      ]
+    return c
+
+  return _spawn(workdir, n_proc, devices, cmd)
+
+
+def _spawn(workdir, n_proc, devices, cmd):
+  """Starts n_proc processes `cmd(i, port)` (devices CPU devices each, logs next to
+  workdir); returns the Popens."""
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
@@ -44,18 +66,11 @@ def _launch(workdir, n_proc, devices, *overrides, steps):
   port = _free_port()
   procs = []
   for i in range(n_proc):
-    cmd = train_cmd(workdir, steps, *COMMON, *overrides)
-    if n_proc > 1:
-      cmd += [
-        f"--config.distributed.coordinator_address=localhost:{port}",
-        f"--config.distributed.num_processes={n_proc}",
-        f"--config.distributed.process_id={i}",
-        f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_S}",
-        "--config.distributed.initialization_timeout_s=120",
-      ]
     log = open(Path(f"{workdir}.p{i}.log"), "w")  # pylint: disable=consider-using-with
     procs.append(
-      subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+      subprocess.Popen(
+        cmd(i, port), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+      )
     )
   return procs
 
@@ -113,7 +128,10 @@ def _steps(workdir):
 
 
 def _comparable(rows):
-  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+  # rm/pair_rows is the RM batch's bucketed row count, which follows the process layout
+  return [
+    {k: v for k, v in r.items() if not k.startswith("time/") and k != "rm/pair_rows"} for r in rows
+  ]
 
 
 def _max_metric_diff(a, b):
@@ -162,6 +180,20 @@ def test_two_processes_match_one(two_process_run, tmp_path):
   # handful of the 3.1M entries may move by more than 1e-5; all others must stay within it.
   assert diffs.max() < 1e-4
   assert (diffs > 1e-5).sum() <= 10
+
+
+def test_rm_pair_batch_across_processes(tmp_path):
+  """Each process puts its own valid pairs first in its rows of the RM batch (one valid pair of
+  its 4 prompts here: 2 rows each, its 2 row shards, instead of 4); the RM update equals the
+  one on one row per prompt."""
+  out = tmp_path / "result.json"
+  worker = str(ROOT / "tests" / "mp_pair_batch_worker.py")
+  cmd = lambda i, port: [sys.executable, worker, str(i), "2", str(port), str(out)]
+  _wait(_spawn(tmp_path / "pairs", 2, 2, cmd), tmp_path / "pairs")
+  for i in range(2):
+    r = json.loads(Path(f"{out}.{i}").read_text())
+    assert r["compact_rows"] == 4 and r["n_valid"] == [2.0, 2.0]
+    assert r["max_moved"] > 0 and r["max_diff"] < 1e-6, r
 
 
 def test_killed_process_fails_the_other_and_restart_resumes(two_process_run, tmp_path):

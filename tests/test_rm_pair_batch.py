@@ -1,0 +1,66 @@
+"""Cooper's RM pair batch: valid pairs first, rows bucketed, and the RM update unchanged."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import TINY_CONFIG
+from mp_pair_batch_worker import all_prompts_rows, pairs_of
+
+from cooper_jax import sharding, steps
+from cooper_jax.config import load_config
+from cooper_jax.reward_modes import CooperReward, pair_rows
+
+
+@pytest.mark.parametrize(
+  "k_max, n_local, unit, rows",
+  [
+    (0, 8, 1, 1),  # a process with no pair still joins the step with one padding row
+    (1, 8, 1, 1),
+    (3, 8, 1, 4),
+    (5, 8, 1, 8),
+    (8, 8, 1, 8),
+    (3, 8, 2, 4),
+    (5, 8, 2, 8),
+    (1, 8, 4, 4),
+    (3, 6, 2, 4),
+    (5, 6, 2, 6),  # 2 x 4 = 8 would pass the 6 prompts: capped
+  ],
+)
+def test_pair_rows(k_max, n_local, unit, rows):
+  assert pair_rows(k_max, n_local, unit) == rows
+
+
+def test_pair_rows_refuses_a_unit_that_does_not_divide_the_prompts():
+  with pytest.raises(ValueError, match="unit 3 must divide this process's 8 prompts"):
+    pair_rows(2, 8, 3)
+
+
+def test_compacted_pairs_give_the_all_prompts_update():
+  c = load_config(TINY_CONFIG)
+  mesh = sharding.make_mesh(data=4, fsdp=1, tensor=1, devices=jax.devices()[:4])
+  rm = CooperReward(c, mesh, verifier=None)
+  valid = [False, True, False, False, True, False, False, False]
+  pairs = pairs_of(range(8), valid)
+  rb, n_cut = rm._pair_batch(pairs, 8, np.arange(8))  # pylint: disable=protected-access
+  # 2 valid pairs, 4 row shards: one row per shard, the valid ones first.
+  assert n_cut == 0
+  np.testing.assert_array_equal(np.asarray(rb["valid"]), [1, 1, 0, 0])
+  text = rm.tokenizer.decode(np.asarray(rb["pos_tokens"])[1][np.asarray(rb["pos_mask"])[1] > 0])
+  assert "4 + 4 = 8" in text  # prompt 4's pair is the second row
+
+  full = all_prompts_rows(rm, pairs)
+  results = []
+  for batch in (full, rb):
+    state = jax.tree.map(lambda x: x.copy(), rm.state)  # rm_step donates its state
+    step = steps.make_rm_step(rm.cfg, "bt", rm.opt, mesh, state, batch)
+    state, m = step(state, batch)
+    results.append((jax.device_get(state["params"]), jax.device_get(m)))
+  (p_full, m_full), (p_comp, m_comp) = results
+  assert float(m_full["n_valid"]) == float(m_comp["n_valid"]) == 2.0
+  np.testing.assert_allclose(float(m_comp["loss"]), float(m_full["loss"]), rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p_full, p_comp)
+  # and the update did something (the comparison is not between two unchanged states)
+  moved = jax.tree.leaves(
+    jax.tree.map(lambda a, b: np.abs(a - b).max(), p_full, rm.state["params"])
+  )
+  assert max(float(x) for x in moved) > 0
