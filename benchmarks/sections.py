@@ -439,7 +439,13 @@ def policy_step_section(
 
 # ---------------------------------------------------------------------------- train loop
 TIME_KEYS = ("time/sample_s", "time/verify_s", "time/policy_s", "time/rm_s", "time/step_s")
-CONTEXT_KEYS = ("response/len_mean", "pairs/n_valid", "rm_train/updated", "rule/acc")
+CONTEXT_KEYS = (
+  "response/len_mean",
+  "pairs/n_valid",
+  "rm/pair_rows",
+  "rm_train/updated",
+  "rule/acc",
+)
 
 
 def train_metrics(spec: str, mode: str, steps: int, workdir: Path, overrides=()) -> list[dict]:
