@@ -19,6 +19,7 @@ from cooper_jax.optim import SCHEDULES
 from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
 REWARD_MODES = ("rule", "static_rm", "cooper")
+DECODE_WEIGHTS = ("sharded", "replicated")  # rollout.decode_weights
 
 
 def optim_config(lr: float, warmup_steps: int = 20) -> ml_collections.ConfigDict:
@@ -146,6 +147,10 @@ def base_config() -> ml_collections.ConfigDict:
     # the slices into the attention, so no extra memory; experiments/paper.py).
     cache_segments=4,
     grow_cache=True,
+    # The decode's weight copy: "sharded" as the params are (fsdp: XLA gathers at every decode
+    # step) or "replicated" (gathered once per sampler call; each step needs no collective,
+    # costs the whole copy in the compute dtype per device; sampling.sample, BUILD.md).
+    decode_weights="sharded",
   )
 
   # negatives: "perturb" / "llm_rewrite" (made from the positive, the paper's design) or
@@ -274,6 +279,11 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
   if not isinstance(c.rollout.cache_segments, int) or c.rollout.cache_segments < 1:
     raise ValueError(
       f"config.rollout.cache_segments must be an int >= 1, got {c.rollout.cache_segments!r}"
+    )
+  if c.rollout.decode_weights not in DECODE_WEIGHTS:
+    raise ValueError(
+      f"config.rollout.decode_weights={c.rollout.decode_weights!r}: expected one of "
+      f"{DECODE_WEIGHTS}"
     )
   if not isinstance(c.rollout.grow_cache, bool):
     raise ValueError(

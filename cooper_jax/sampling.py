@@ -236,6 +236,7 @@ def decode_step(
     "group_size",
     "cache_segments",
     "grow_cache",
+    "weights_sharding",
   ),
 )
 def sample(
@@ -254,6 +255,7 @@ def sample(
   group_size: int = 1,
   cache_segments: int = CACHE_SEGMENTS,
   grow_cache: bool = True,
+  weights_sharding: jax.sharding.Sharding | None = None,
 ) -> SampleOutput:
   """Samples max_new_tokens after left-padded prompts; deterministic for a given rng.
 
@@ -277,6 +279,11 @@ def sample(
     growth holds the old and the new cache at once.
   - grow_cache=False: the cache is allocated whole and each segment's steps read a static
     slice of it, which XLA fuses into the attention's reads on a TPU (experiments/paper.py).
+
+  weights_sharding: where the decode's per-call weight copy (compute dtype) lives. None: as
+  the params are (under fsdp XLA then gathers rows or weights at every decode step); a
+  replicated sharding: every device holds the whole copy, gathered once per call, and each
+  step runs on its own rows with no collective (config rollout.decode_weights; BUILD.md).
   """
   ends = segment_ends(max_new_tokens, cache_segments)
   state, next_pos_b = prefill(
@@ -291,6 +298,8 @@ def sample(
   )
   p = tokens_bp.shape[1]
   split = split_layers(params, cfg.jnp_dtype)  # once per call, outside the loop
+  if weights_sharding is not None:
+    split = jax.lax.with_sharding_constraint(split, weights_sharding)
   for j, end in enumerate(ends):
     if grow_cache and j:
       state = state._replace(cache=_grow_cache(state.cache, end - ends[j - 1]))

@@ -12,6 +12,8 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from cooper_jax.config import DECODE_WEIGHTS
+
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the batch is split over both; fsdp also splits parameters
 
@@ -154,3 +156,11 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+def decode_weights(mesh: Mesh, mode: str) -> NamedSharding | None:
+  """sampling.sample's weights_sharding for config rollout.decode_weights: "sharded" -> None
+  (the copy stays as the params are), "replicated" -> whole on every device."""
+  if mode not in DECODE_WEIGHTS:
+    raise ValueError(f"rollout.decode_weights={mode!r}: expected one of {DECODE_WEIGHTS}")
+  return replicated(mesh) if mode == "replicated" else None

@@ -168,6 +168,7 @@ class Run:
         group_size=g,
         cache_segments=c.rollout.cache_segments,
         grow_cache=c.rollout.grow_cache,
+        weights_sharding=sharding.decode_weights(self.mesh, c.rollout.decode_weights),
       )
       outs.append(out)
     tok, mask = np.repeat(tok_u, g, axis=0), np.repeat(mask_u, g, axis=0)

@@ -148,6 +148,36 @@ def test_decode_floor_is_params_plus_cache(tiny_decode):
 
 
 @needs_libtpu
+def test_replicated_decode_weights_read_the_whole_copy_without_collectives(tiny_decode):
+  """rollout.decode_weights=replicated: the floor counts the whole weight copy (float32 here),
+  and the compiled step holds no collective (each device decodes its own rows)."""
+  from cooper_jax.aot import decode
+
+  c, sharded = tiny_decode
+  rep_cfg = _tiny_config("rollout.decode_weights=replicated")
+  r = decode.compile_decode_step(rep_cfg, TOPOLOGY, config_name="tiny", cache_segments=1)
+  n_params = ModelConfig(**c.policy.random_model.to_dict()).num_params()
+  assert r.decode_weights == "replicated" and sharded.decode_weights == "sharded"
+  assert r.param_bytes == 4 * n_params == r.gathered_param_bytes
+  assert r.cache_bytes == sharded.cache_bytes and r.floor_bytes == 4 * n_params + r.cache_bytes
+  assert r.xla_bytes >= r.floor_bytes
+  # The compiled step itself: no all-gather / all-reduce with replicated weights, some without.
+  from cooper_jax import aot, sharding  # pylint: disable=import-outside-toplevel
+  from cooper_jax.aot.models import model_config  # pylint: disable=import-outside-toplevel
+
+  mesh = sharding.make_mesh(**c.mesh, devices=aot.get_topology(TOPOLOGY).devices)
+  cfg = model_config(c.policy, "lm")
+  texts = {}
+  for mode in ("sharded", "replicated"):
+    low, _ = decode.lower_decode_step(
+      cfg, mesh, 16, 256, 16, group_size=4, weights_sharding=sharding.decode_weights(mesh, mode)
+    )
+    texts[mode] = low.compile().as_text()
+  assert "all-gather" in texts["sharded"] or "all-reduce" in texts["sharded"]
+  assert "all-gather" not in texts["replicated"] and "all-reduce" not in texts["replicated"]
+
+
+@needs_libtpu
 def test_decode_floor_with_tensor_parallel():
   """tensor=2 splits the kv heads of the cache (and the heads / d_ff of the weights)."""
   from cooper_jax import aot, sharding

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("rollout.cache_segments", 0, "rollout.cache_segments"),
     ("policy.remat", "True", "policy.remat"),
     ("rm.remat", "dots", "rm.remat"),
+    ("rollout.decode_weights", "gathered", "rollout.decode_weights"),
   ],
 )
 def test_validate_names_the_key(key, value, needle):

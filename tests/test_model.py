@@ -224,7 +224,8 @@ def test_top_p_candidates_equal_a_full_sort(monkeypatch, temperature_scale):
   assert (kept > 8).any() if temperature_scale == 3.0 else (kept <= 8).all()
 
 
-def test_sampler_on_sharded_params_matches_single_device(params):
+@pytest.mark.parametrize("decode_weights", ["sharded", "replicated"])
+def test_sampler_on_sharded_params_matches_single_device(params, decode_weights):
   assert jax.device_count() >= 8, "conftest sets an 8-device CPU platform"
   toks, mask = _left_pad(ROWS + [[3, 4, 5]], 8)
   kw = dict(cfg=TINY, max_new_tokens=6, temperature=1.0, pad_id=PAD)
@@ -235,7 +236,16 @@ def test_sampler_on_sharded_params_matches_single_device(params):
     None, "fsdp", "tensor"
   )
   bs = sharding.batch_sharding(mesh)
-  out = sample(sp, jax.device_put(toks, bs), jax.device_put(mask, bs), jax.random.key(7), **kw)
+  ws = sharding.decode_weights(mesh, decode_weights)
+  assert (ws is None) == (decode_weights == "sharded")
+  out = sample(
+    sp,
+    jax.device_put(toks, bs),
+    jax.device_put(mask, bs),
+    jax.random.key(7),
+    weights_sharding=ws,
+    **kw,
+  )
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
 

@@ -62,6 +62,7 @@ class DecodeStepResult:
   new_tokens: int
   cache_slots: int  # prompt_len + new_tokens
   n_layers: int
+  decode_weights: str  # rollout.decode_weights: "sharded" or "replicated"
   dtype: str
   param_dtype: str
   hbm_bw: float  # per chip, B/s
@@ -135,12 +136,19 @@ def _with(shapes, shardings):
 
 
 def abstract_decode_inputs(
-  cfg: ModelConfig, mesh, rows: int, prompt_len: int, new_tokens: int, group_size: int = 1
+  cfg: ModelConfig,
+  mesh,
+  rows: int,
+  prompt_len: int,
+  new_tokens: int,
+  group_size: int = 1,
+  weights_sharding=None,
 ):
   """(params, state, next_pos_b, rng) as ShapeDtypeStructs with shardings; the state's shapes
   are those `sampling.prefill` makes (rows / group_size prompts of prompt_len tokens). params
   are split per layer as `sample` hands them to decode_step (transformer.split_layers), each
-  layer's shard the stacked parameter's without its layer axis."""
+  layer's shard the stacked parameter's without its layer axis, or every leaf in
+  `weights_sharding` (sample's, rollout.decode_weights)."""
   params = abstract_params(cfg, mesh)
   u = rows // group_size
   tok = jax.ShapeDtypeStruct((u, prompt_len), jnp.int32)
@@ -157,7 +165,12 @@ def abstract_decode_inputs(
   next_pos = jax.ShapeDtypeStruct(pos_shape.shape, pos_shape.dtype, sharding=shardings.done_b)
   rng = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(mesh))
-  return _split_abstract(params, cfg.jnp_dtype), state, next_pos, rng
+  split = _split_abstract(params, cfg.jnp_dtype)
+  if weights_sharding is not None:
+    split = jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=weights_sharding), split
+    )
+  return split, state, next_pos, rng
 
 
 def _split_abstract(params, dtype):
@@ -186,11 +199,14 @@ def lower_decode_step(
   eos_ids: tuple[int, ...] = (),
   pad_id: int = 0,
   read_slots: int | None = None,
+  weights_sharding=None,
 ):
   """(lowered sampling.decode_step, its abstract inputs): the carry donated and kept in its
   shardings, as the while_loop holds it; the attention reading the first read_slots cache
-  slots (default all)."""
-  inputs = abstract_decode_inputs(cfg, mesh, rows, prompt_len, new_tokens, group_size)
+  slots (default all); the weights in `weights_sharding` (None: as the params are)."""
+  inputs = abstract_decode_inputs(
+    cfg, mesh, rows, prompt_len, new_tokens, group_size, weights_sharding
+  )
   step = jax.jit(
     functools.partial(
       decode_step,
@@ -246,6 +262,7 @@ def compile_decode_step(
   peaks = CHIP_PEAKS[kind]
   cfg = model_config(c.policy, "lm")
   ro = c.rollout
+  weights = ro.get("decode_weights", "sharded")
   rows, g = decode_rows(c), ro.group_size
   if rows % g:
     raise ConfigError(f"rollout.sample_batch_size={rows} must hold whole groups of {g}")
@@ -257,6 +274,7 @@ def compile_decode_step(
     top_k=ro.top_k,
     eos_ids=(cfg.eos_id,) if cfg.eos_id is not None else (),
     pad_id=cfg.pad_id or 0,
+    weights_sharding=sharding.decode_weights(mesh, weights),
   )
   full = lower_decode_step(cfg, mesh, rows, p_len, n, **kw)[0].compile()
   raw_bytes, raw_flops = _cost(full)
@@ -275,6 +293,8 @@ def compile_decode_step(
   gathered = cfg.num_params() * itemsize / mesh.shape["tensor"] * per_chip
   flops = forward_flops(cfg, rows, 1, p_len + n + 1, 1) / chips
   bw, peak = peaks["hbm_bw"], peaks["flops"]
+  if weights == "replicated":  # the step reads the whole compute-dtype copy
+    par = gathered
   floor, floor_avg, g_floor = par + cache, par + cache_avg, gathered + cache
   gib = lambda x: None if x is None else x / GIB
   arg, temp = getattr(mem, "argument_size_in_bytes", None), getattr(mem, "temp_size_in_bytes", None)
@@ -291,6 +311,7 @@ def compile_decode_step(
     new_tokens=n,
     cache_slots=p_len + n,
     n_layers=cfg.n_layers,
+    decode_weights=weights,
     dtype=cfg.dtype,
     param_dtype=cfg.param_dtype,
     hbm_bw=bw,
@@ -327,11 +348,13 @@ def compile_decode_step(
 def format_decode(r: DecodeStepResult) -> str:
   """A markdown table of one decode step against its floors, with a header."""
   per = r.devices // r.chips
+  what = "whole weight copy" if r.decode_weights == "replicated" else "param shards"
   lines = [
     f"decode step of {r.config or 'the config'} on {r.topology}: {r.chips} chips "
     f"({r.device_kind}, {per} device(s) per chip), mesh {r.mesh}; {r.rows} rows x "
     f"{r.cache_slots} cache slots ({r.prompt_len} prompt + {r.new_tokens} new), {r.n_layers} "
-    f"layers, compute {r.dtype}, params {r.param_dtype}; chip HBM {r.hbm_bw / 1e9:.0f} GB/s, "
+    f"layers, compute {r.dtype}, params {r.param_dtype}, decode weights {r.decode_weights}; "
+    f"chip HBM {r.hbm_bw / 1e9:.0f} GB/s, "
     f"peak {r.peak_flops / 1e12:.0f} TFLOP/s",
     f"XLA bytes accessed per chip {r.xla_bytes / 1e9:.4g} GB (every layer counted: the step "
     f"runs its layers unrolled); memory: arguments {r.argument_gib or 0:.4g} GiB, temporaries {r.temp_gib or 0:.4g} GiB "
@@ -347,8 +370,8 @@ def format_decode(r: DecodeStepResult) -> str:
       r.xla_bytes_avg,
       r.xla_bytes_avg / r.hbm_bw,
     ),
-    ("floor: param shards + whole static cache", r.floor_bytes, r.floor_s),
-    ("floor: param shards + filled cache (avg)", r.floor_avg_bytes, r.floor_avg_s),
+    (f"floor: {what} + whole static cache", r.floor_bytes, r.floor_s),
+    (f"floor: {what} + filled cache (avg)", r.floor_avg_bytes, r.floor_avg_s),
     ("fsdp floor: gathered params + whole cache", r.gathered_floor_bytes, r.gathered_floor_s),
   ]
   for name, b, s in rows:

@@ -163,6 +163,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       ro.group_size,
       cache_segments=ro.cache_segments,
       grow_cache=ro.grow_cache,
+      weights_sharding=sharding.decode_weights(mesh, ro.decode_weights),
     )
   )
 
