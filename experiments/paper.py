@@ -77,8 +77,8 @@ def get_config(arg: str = "qwen,cooper"):
   c.rollout.cache_segments = 4
   c.rollout.grow_cache = False
   # The decode's bf16 weight copy replicated on every chip, gathered once per sampler call:
-  # each decode step then runs on its own rows with no collective and reads 8.95 GB per chip
-  # (11.84 with the copy fsdp-sharded, which also all-reduces [1024, 8960] MLP activations per
+  # each decode step then runs on its own rows with no collective and reads 8.80 GB per chip
+  # (11.69 with the copy fsdp-sharded, which also all-reduces [1024, 8960] MLP activations per
   # layer over ICI), both with v5e's VMEM prefetching off so every byte is an HBM byte (BUILD.md).
   # Sampler 14.47 GiB resident on v5e-8 (13.01 sharded).
   c.rollout.decode_weights = "replicated"

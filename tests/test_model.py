@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cooper_jax import sharding
+from cooper_jax import sampling, sharding
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import forward, init_params
 from cooper_jax.prompts import left_pad
@@ -222,6 +222,16 @@ def test_top_p_candidates_equal_a_full_sort(monkeypatch, temperature_scale):
     np.testing.assert_array_equal(got[got > -1e30], scaled[got > -1e30])
   kept = (np.asarray(sampling._filter_logits(jnp.asarray(scaled), 0.95, 0)) > -1e30).sum(1)
   assert (kept > 8).any() if temperature_scale == 3.0 else (kept <= 8).all()
+
+
+def test_token_logprob_is_log_softmax_at_the_token():
+  rng = np.random.default_rng(3)
+  x = (rng.standard_normal((4, 1000)) * 5).astype(np.float32)
+  tok = rng.integers(0, 1000, 4)
+  # by hand, in float64: x - log(sum(exp(x)))
+  want = x.astype(np.float64)[np.arange(4), tok] - np.log(np.exp(x.astype(np.float64)).sum(1))
+  got = sampling._token_logprob(jnp.asarray(x), jnp.asarray(tok, jnp.int32))  # pylint: disable=protected-access
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("decode_weights", ["sharded", "replicated"])
