@@ -141,7 +141,7 @@ def matmul_section(report: harness.Report, peer_matmul: Callable, peak: Callable
     pr = peer_matmul()
     pk = peak()
     fig.add_run(
-      pk["flops_per_s"] / 1e9, 2.0 * pk["n"] ** 3 / min(pr["seconds"]) / 1e9, load, n=pk["n"]
+      pk["flops_per_s"] / 1e9, 2.0 * pr["n"] ** 3 / min(pr["seconds"]) / 1e9, load, n=pk["n"]
     )
 
 

@@ -199,7 +199,8 @@ class CooperReward(StaticRMReward):
     if n_valid > 0:
       rb, n_trunc = self._pair_batch(pairs, n_prompts, ro.index[::group] // group)
       m["rm/pair_inputs_truncated"] = int(dist.sum_over_processes(n_trunc))
-      m["rm/pair_rows"] = n_rows = int(rb["valid"].shape[0])
+      n_rows = int(rb["valid"].shape[0])
+      m["rm/pair_rows"] = n_rows
       if n_rows not in self._rm_steps:
         self._rm_steps[n_rows] = steps.make_rm_step(
           self.cfg,

@@ -161,6 +161,14 @@ def test_replicated_decode_weights_read_the_whole_copy_without_collectives(tiny_
   assert r.param_bytes == 4 * n_params == r.gathered_param_bytes
   assert r.cache_bytes == sharded.cache_bytes and r.floor_bytes == 4 * n_params + r.cache_bytes
   assert r.xla_bytes >= r.floor_bytes
+  # With tensor=2 the replicated copy is still whole on every device (not split over tensor).
+  tp = decode.compile_decode_step(
+    _tiny_config("rollout.decode_weights=replicated", "mesh.fsdp=2", "mesh.tensor=2"),
+    TOPOLOGY,
+    config_name="tiny",
+    cache_segments=1,
+  )
+  assert tp.param_bytes == 4 * n_params == 2 * tp.gathered_param_bytes
   # The compiled step itself: no all-gather / all-reduce with replicated weights, some without.
   from cooper_jax import aot, sharding  # pylint: disable=import-outside-toplevel
   from cooper_jax.aot.models import model_config  # pylint: disable=import-outside-toplevel

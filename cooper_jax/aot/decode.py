@@ -262,7 +262,7 @@ def compile_decode_step(
   peaks = CHIP_PEAKS[kind]
   cfg = model_config(c.policy, "lm")
   ro = c.rollout
-  weights = ro.get("decode_weights", "sharded")
+  weights = ro.decode_weights
   rows, g = decode_rows(c), ro.group_size
   if rows % g:
     raise ConfigError(f"rollout.sample_batch_size={rows} must hold whole groups of {g}")
@@ -293,8 +293,8 @@ def compile_decode_step(
   gathered = cfg.num_params() * itemsize / mesh.shape["tensor"] * per_chip
   flops = forward_flops(cfg, rows, 1, p_len + n + 1, 1) / chips
   bw, peak = peaks["hbm_bw"], peaks["flops"]
-  if weights == "replicated":  # the step reads the whole compute-dtype copy
-    par = gathered
+  if weights == "replicated":  # the step reads the whole compute-dtype copy, on every device
+    par = cfg.num_params() * itemsize * per_chip
   floor, floor_avg, g_floor = par + cache, par + cache_avg, gathered + cache
   gib = lambda x: None if x is None else x / GIB
   arg, temp = getattr(mem, "argument_size_in_bytes", None), getattr(mem, "temp_size_in_bytes", None)
