@@ -122,6 +122,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Optional held-out RM pairs (JSONL: question, answer, positive, negative):
     # RM pair accuracy is logged at every evaluation (the RM-stability curve).
     rm_eval_pairs="",
+    # Optional probe (JSONL: question, answer, response) of wrong responses sharing a pattern
+    # (a known or planted blind spot, cooper_jax/tasks/blind_spot.py): the RM's mean reward
+    # on it and the share above 0.5 are logged at every evaluation.
+    rm_probe="",
   )
 
   c.rollout = dict(

@@ -90,7 +90,13 @@ class StaticRMReward(RuleReward):
     self.reward_fn = steps.make_reward_fn(
       self.cfg, mesh, params, micro_batch_size=c.rm.score_micro_batch_size
     )
-    self.eval_pairs = _read_rm_eval_pairs(c.data.rm_eval_pairs) if c.data.rm_eval_pairs else None
+    self.eval_pairs = (
+      _read_rows(c.data.rm_eval_pairs, ("question", "answer", "positive", "negative"))
+      if c.data.rm_eval_pairs
+      else None
+    )
+    probe = c.data.get("rm_probe", "")
+    self.probe = _read_rows(probe, ("question", "answer", "response")) if probe else None
 
   @staticmethod
   def optimizer(c):
@@ -126,18 +132,30 @@ class StaticRMReward(RuleReward):
     return r, m
 
   def evaluate(self) -> dict:
-    """RM on held-out (positive, negative) pairs: pair accuracy and classifier accuracy."""
-    if not self.eval_pairs:
-      return {}
-    pairs = self.eval_pairs
-    q = [p["question"] for p in pairs] * 2
-    a = [str(p["answer"]) for p in pairs] * 2
-    r, _ = self.score(q, a, [p["positive"] for p in pairs] + [p["negative"] for p in pairs])
-    pos, neg = r[: len(pairs)], r[len(pairs) :]
-    return {
-      "eval/rm_pair_acc": float(np.mean(pos > neg)),
-      "eval/rm_cls_acc": float(np.mean(np.concatenate([pos > 0.5, neg <= 0.5]))),
-    }
+    """RM on held-out (positive, negative) pairs: pair accuracy and classifier accuracy; on the
+    probe (wrong responses with one pattern): mean reward and the share scored above 0.5."""
+    m = {}
+    if self.eval_pairs:
+      pairs = self.eval_pairs
+      q = [p["question"] for p in pairs] * 2
+      a = [str(p["answer"]) for p in pairs] * 2
+      r, _ = self.score(q, a, [p["positive"] for p in pairs] + [p["negative"] for p in pairs])
+      pos, neg = r[: len(pairs)], r[len(pairs) :]
+      m["eval/rm_pair_acc"] = float(np.mean(pos > neg))
+      m["eval/rm_cls_acc"] = float(np.mean(np.concatenate([pos > 0.5, neg <= 0.5])))
+    if self.probe:
+      r = self.probe_scores()
+      m["eval/rm_probe_score"] = float(np.mean(r))
+      m["eval/rm_probe_above_half"] = float(np.mean(r > 0.5))
+    return m
+
+  def probe_scores(self) -> np.ndarray:
+    """The RM's reward on each probe response (the same on every process)."""
+    rows = self.probe
+    r, _ = self.score(
+      [p["question"] for p in rows], [str(p["answer"]) for p in rows], [p["response"] for p in rows]
+    )
+    return r
 
   def checkpoint_meta(self) -> dict:
     return {"rm_model": dataclasses.asdict(self.cfg)}
@@ -313,10 +331,13 @@ def _left_pad_to(tok: np.ndarray, mask: np.ndarray, width: int, pad_id: int):
   )
 
 
-def _read_rm_eval_pairs(path: str) -> list[dict]:
+def _read_rows(path: str, keys: tuple[str, ...]) -> list[dict]:
+  """A JSONL file's rows, each checked for `keys` (the file and line named if one lacks any)."""
   rows = read_jsonl(path)
   for n, p in rows:
-    missing = {"question", "answer", "positive", "negative"} - set(p)
+    missing = set(keys) - set(p)
     if missing:
       raise ValueError(f"{path}: line {n}: missing {sorted(missing)}")
+  if not rows:
+    raise ValueError(f"{path}: no rows")
   return [p for _, p in rows]

@@ -62,7 +62,9 @@ def _on_sigterm(signum, frame):  # pylint: disable=unused-argument
 class Run:
   """Everything one training run holds: models, states, compiled steps, data and workers."""
 
-  def __init__(self, c, workdir: str):
+  def __init__(self, c, workdir: str, reward=None):
+    """reward: a reward source with the interface of reward_modes.RuleReward to use instead of
+    the one `c.reward_mode` names (tests, positive controls: a reward the policy can learn)."""
     config_lib.validate(c, jax.device_count())
     _check_processes(c)
     self.c, self.workdir = c, as_path(workdir)
@@ -96,7 +98,7 @@ class Run:
     self._policy_step = None
 
     self.verifier = RuleVerifier(c.verifier.workers or None)
-    self.reward = make_reward_mode(c, self.mesh, self.verifier)
+    self.reward = reward if reward is not None else make_reward_mode(c, self.mesh, self.verifier)
     self.rm_lr = (
       optim.make_schedule(c.rm.optim, c.train.steps) if c.reward_mode == "cooper" else None
     )
@@ -372,8 +374,8 @@ class Run:
     self.store.close()
 
 
-def train(c, workdir: str) -> Run:
-  run = Run(c, workdir)
+def train(c, workdir: str, reward=None) -> Run:
+  run = Run(c, workdir, reward)
   _STOP["requested"] = False  # a stop honoured by an earlier train() in this process is spent
   prev = signal.signal(signal.SIGTERM, _on_sigterm)
   try:

@@ -1,0 +1,143 @@
+"""Positive control for co-training (cooper_jax/tasks/blind_spot.py): an RM with a planted blind
+spot (it scores an even final answer as correct whatever the reference) must stop doing so once
+Cooper's RM steps train it on pairs that contain the pattern.
+
+If this fails, co-training cannot close a blind spot it is shown, and no study of Cooper on
+this codebase means anything.
+"""
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from cooper_jax import optim, sharding, steps
+from cooper_jax.config import load_config
+from cooper_jax.io import read_jsonl
+from cooper_jax.prompts import encode_rm_inputs
+from cooper_jax.reward_modes import CooperReward, Rollouts
+from cooper_jax.rewards.verify import RuleVerifier
+from cooper_jax.tasks import blind_spot
+from cooper_jax.tasks.arith import make_wrong_solution
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 20  # Cooper RM steps
+ASSETS = ROOT / "experiments" / "assets" / "small_task"
+
+
+def _rows(name, n):
+  return [r for _, r in read_jsonl(ASSETS / "data" / name)][:n]
+
+
+def _cooper_config(probe_path):
+  c = load_config(str(ROOT / "experiments" / "tiny.py") + ":cooper")
+  c.rm.model = "random"
+  c.rm.tokenizer = str(ASSETS / "policy")
+  c.rm.random_model.vocab_size = 529
+  c.rm.random_model.n_layers = 1
+  c.rm.random_model.d_model = 32
+  c.rm.random_model.head_dim = 8
+  c.rm.random_model.d_ff = 64
+  c.rm.max_len = 192
+  c.rm.optim.lr = 1e-3
+  c.rm.optim.warmup_steps = 0
+  c.rollout.prompts_per_step = 8
+  c.rollout.group_size = 2
+  c.pairs.negatives = "perturb"
+  c.data.rm_probe = str(probe_path)
+  c.mesh.data = 1  # one device: what is tested is the learning, not the sharding
+  return c
+
+
+def _plant(reward, rows, n_steps=150, seed=0):
+  """BCE on the pattern alone (label = even answer, the reference ignored): the planted flaw."""
+  rng = np.random.default_rng([seed, 1])
+  texts = [r["solution"] for r in rows] + [make_wrong_solution(r, rng) for r in rows]
+  refs = [str(r["answer"]) for r in rows] * 2
+  questions = [r["question"] for r in rows] * 2
+  labels = np.asarray([blind_spot.has_pattern(t) for t in texts], np.float32)
+  tok, mask, _ = encode_rm_inputs(reward.tokenizer, questions, refs, texts, 192, pad_to_multiple=64)
+  opt = optim.make_optimizer(optim_cfg(3e-3))
+  state = sharding.shard_tree(steps.init_state(reward.state["params"], opt), reward.mesh)
+  batch = lambda idx: {"tokens": tok[idx], "mask": mask[idx], "labels": labels[idx]}
+  step = steps.make_rm_step(reward.cfg, "bce", opt, reward.mesh, state, batch(np.arange(32)))
+  for i in range(n_steps):
+    state, _ = step(state, batch(rng.permutation(len(texts))[:32]))
+  return jax.device_get(state["params"])
+
+
+def optim_cfg(lr):
+  from cooper_jax.config import optim_config  # pylint: disable=import-outside-toplevel
+
+  return optim_config(lr, warmup_steps=0)
+
+
+class OddNegatives:
+  """A negative generator whose negatives never show the pattern: a one-slip wrong solution with
+  an odd answer (the control: pairs without the pattern must not close the blind spot)."""
+
+  name = "odd_only"
+
+  def __init__(self, rows):
+    self.by_question = {r["question"]: r for r in rows}
+
+  def generate(self, questions, positives, attempt, rng):
+    del positives, attempt
+    out = []
+    for q in questions:
+      texts = (make_wrong_solution(self.by_question[q], rng) for _ in range(50))
+      out.append(next((t for t in texts if not blind_spot.has_pattern(t)), ""))
+    return out
+
+
+@pytest.mark.parametrize("negatives", ["perturb", "odd_only"])
+def test_cotraining_closes_a_planted_blind_spot(tmp_path, negatives):
+  from cooper_jax.io import write_jsonl  # pylint: disable=import-outside-toplevel
+
+  probe = blind_spot.probe_rows(_rows("test.jsonl", 64), np.random.default_rng(7))
+  assert len(probe) >= 48  # most rows have an even one-slip answer
+  write_jsonl(tmp_path / "probe.jsonl", probe)
+  c = _cooper_config(tmp_path / "probe.jsonl")
+  mesh = sharding.make_mesh(**c.mesh)
+  verifier = RuleVerifier(1)
+  try:
+    reward = CooperReward(c, mesh, verifier)
+    pool = _rows("train.jsonl", 2000)[400:]
+    if negatives == "odd_only":
+      reward.negatives = OddNegatives(pool)
+    planted = _plant(reward, _rows("train.jsonl", 400))
+    reward.state = dict(reward.state, params=sharding.shard_tree(planted, mesh))
+    before = reward.probe_scores()
+    # The flaw is there: the RM calls most wrong even answers correct.
+    assert np.mean(before > 0.5) > 0.8, before.round(2)
+
+    rng = np.random.default_rng(3)
+    g = c.rollout.group_size
+    history = [float(np.mean(before))]
+    for step in range(STEPS):
+      rows = [pool[i] for i in rng.choice(len(pool), c.rollout.prompts_per_step, replace=False)]
+      # Each group: its gold solution (rule-correct) and a one-slip wrong one (rule-wrong).
+      texts = [t for r in rows for t in (r["solution"], make_wrong_solution(r, rng))]
+      ro = Rollouts(
+        rows=rows,
+        questions=[r["question"] for r in rows for _ in range(g)],
+        refs=[str(r["answer"]) for r in rows for _ in range(g)],
+        texts=texts,
+        correct=np.tile([True, False], len(rows)),
+        index=np.arange(len(texts)),
+        n_total=len(texts),
+      )
+      m = reward.update(ro, step)
+      assert m["pairs/n_valid"] == len(rows)  # every group has a positive and a negative
+      history.append(float(np.mean(reward.probe_scores())))
+    if negatives == "perturb":
+      # Pairs with the pattern (perturbed answers are often even) close it within STEPS RM
+      # steps of 8 pairs (measured: 0.98 -> 0.42 after 7 steps, 0.005 after 15;
+      # the odd-only control stayed at 0.82-0.94).
+      assert min(history) < 0.5, np.round(history, 3).tolist()
+    else:
+      # The same RM steps on pairs without the pattern leave the blind spot open.
+      assert min(history) > 0.5, np.round(history, 3).tolist()
+  finally:
+    verifier.close()
