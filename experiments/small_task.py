@@ -24,6 +24,8 @@ from cooper_jax.config import base_config
 
 SHIPPED = Path(__file__).resolve().parent / "assets" / "small_task"
 
+# Values may name the artifacts directory as {work}.
+PLANTED = {"rm.model": "{work}/rm_planted"}
 CONDITIONS = {
   "rule": ("rule", {}),
   "static_rm": ("static_rm", {}),
@@ -31,6 +33,10 @@ CONDITIONS = {
   "cooper_onpolicy": ("cooper", {"pairs.negatives": "on_policy"}),
   "cooper_k4": ("cooper", {"rm.updates_per_step": 4}),
   "static_rm_nostd": ("static_rm", {"policy.loss.scale_adv_by_std": False}),
+  # The co-training positive control (cooper_jax/tasks/blind_spot.py): the RM with a planted
+  # blind spot (an even final answer scored correct whatever the reference), frozen or co-trained.
+  "static_rm_planted": ("static_rm", PLANTED),
+  "cooper_planted": ("cooper", PLANTED),
 }
 
 
@@ -49,17 +55,22 @@ def get_config(arg: str = "cooper"):
   c.data.eval = f"{work}/data/test.jsonl"
   c.data.eval_limit = 100
   c.data.rm_eval_pairs = f"{work}/data/rm_eval_pairs.jsonl"
+  probe = Path(work) / "data" / "rm_probe_even.jsonl"
+  c.data.rm_probe = str(probe) if probe.exists() else ""
   c.rollout.prompts_per_step = 8
   c.rollout.group_size = 8
   c.rollout.max_prompt_len = 128
   c.rollout.max_new_tokens = 96
   c.rollout.prompt_pad_multiple = 32
-  # lr 3e-4 and 100 steps: the setting of results/small_study_v2 (what was tried before it:
-  # README, "Evidence"); lr 1e-3 collapses even the rule-reward run, 1e-4 barely moves.
-  c.policy.optim.lr = 3e-4
-  c.policy.optim.warmup_steps = 0
-  c.rm.optim.lr = 1e-4
-  c.rm.optim.warmup_steps = 0
+  # lr 1e-4 with a 20-step warm-up (the reference code's), 100 steps: on this policy the rule
+  # reward raises the rollouts' accuracy ~10 points and greedy held-out accuracy stays within
+  # noise; at 2e-4 and 3e-4 greedy accuracy falls 6-8 points even under the rule reward
+  # (results/exploration_v3/README.md). The RM's lr is 10x the policy's, the paper's ratio
+  # (1e-5 / 1e-6), with the same warm-up.
+  c.policy.optim.lr = 1e-4
+  c.policy.optim.warmup_steps = 20
+  c.rm.optim.lr = 1e-3
+  c.rm.optim.warmup_steps = 20
   c.train.steps = 100
   c.train.eval_every = 10
   c.train.eval_samples = 1
@@ -74,5 +85,5 @@ def get_config(arg: str = "cooper"):
     node = c
     for part in section.split("."):
       node = node[part]
-    node[field] = value
+    node[field] = value.format(work=work) if isinstance(value, str) else value
   return c
