@@ -217,3 +217,16 @@ def test_sft_batch_errors(tok):
     sft.encode_sft_batch(tok, ["a"], [], max_len=8)
   with pytest.raises(ValueError, match="missing"):
     sft.make_sft_step(None, None, None, None, {"tokens": np.zeros((1, 2))})
+
+
+def test_chain_is_correct_checks_every_line_not_just_the_answer():
+  from cooper_jax.tasks.arith import chain_is_correct  # pylint: disable=import-outside-toplevel
+
+  gold = "10 + 7 = 17\n17 + 8 = 25\n25 - 10 = 15\nThe answer is \\boxed{15}."
+  assert chain_is_correct(gold, gold)
+  # Right final answer through wrong intermediate arithmetic (seen in the policy's rollouts).
+  assert not chain_is_correct(
+    "10 + 7 = 18\n18 + 8 = 25\n25 - 10 = 15\nThe answer is \\boxed{15}.", gold
+  )
+  assert not chain_is_correct("10 + 7 = 17\nThe answer is \\boxed{15}.", gold)  # a line missing
+  assert not chain_is_correct("8 + 8 = 1}.", gold)  # malformed

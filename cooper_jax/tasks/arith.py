@@ -240,6 +240,16 @@ def make_wrong_solution(row: dict, rng: np.random.Generator, max_tries: int = 20
   raise RuntimeError(f"row {row.get('id')!r}: no valid slip found in {max_tries} tries")
 
 
+def chain_is_correct(response: str, solution: str) -> bool:
+  """Every computation line of `response` is the gold `solution`'s line (same operands, same
+  results, same order): the task's own check of the whole chain, where math-verify checks only
+  the final answer. A response that does not parse as this module's format is not correct."""
+  try:
+    return parse_solution(response) == parse_solution(solution)
+  except ValueError:
+    return False
+
+
 def boxed_answer(text: str) -> int | None:
   """The integer in the last \\boxed{...} of a text, or None."""
   found = _BOXED.findall(text)
