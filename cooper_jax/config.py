@@ -169,6 +169,9 @@ def base_config() -> ml_collections.ConfigDict:
     assistant_temperature=0.7,
     assistant_max_new_tokens=512,
     assistant_dtype="float32",  # "bfloat16" on accelerators: params and compute
+    # The assistant's prompt: "paper" (the paper's instruction, a chat model) or "plain" (the
+    # question and the correct solution only; an assistant trained on that format).
+    rewrite_format="paper",
   )
 
   c.verifier = dict(workers=0, deadline_s=5.0)  # workers 0: min(8, cpus // 2)
@@ -326,6 +329,10 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError(
       f"config.pairs.assistant_dtype={c.pairs.assistant_dtype!r}: expected "
       "float32, bfloat16 or float16"
+    )
+  if c.pairs.get("rewrite_format", "paper") not in ("paper", "plain"):
+    raise ValueError(
+      f"config.pairs.rewrite_format={c.pairs.rewrite_format!r}: expected 'paper' or 'plain'"
     )
   if c.pairs.positive not in ("first", "random"):
     raise ValueError(f"config.pairs.positive={c.pairs.positive!r}: expected 'first' or 'random'")

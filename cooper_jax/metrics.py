@@ -161,4 +161,6 @@ def progress_line(step: int, recent: list[dict]) -> str:
     parts.append(f"held-out acc {last['eval/acc']:.3f}")
   if "eval/rm_pair_acc" in last:
     parts.append(f"RM held-out pair acc {last['eval/rm_pair_acc']:.3f}")
+  if "eval/rm_probe_score" in last:
+    parts.append(f"RM on probe {last['eval/rm_probe_score']:.3f}")
   return " | ".join(parts)

@@ -317,6 +317,7 @@ def _assistant(c, mesh) -> dict:
     tokenizer=load_tokenizer(c.pairs.assistant_model),
     temperature=c.pairs.assistant_temperature,
     max_new_tokens=c.pairs.assistant_max_new_tokens,
+    prompt_format=c.pairs.rewrite_format,
   )
 
 

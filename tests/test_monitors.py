@@ -69,3 +69,5 @@ def test_progress_line_summarises_the_interval():
     "held-out acc 0.450 | RM held-out pair acc 0.800"
   )
   assert "AUC" not in progress_line(3, [{"reward/mean": 1.0, "rule/acc": 1.0, "eval/acc": 1.0}])
+  probe = progress_line(5, [{"reward/mean": 1.0, "rule/acc": 1.0, "eval/rm_probe_score": 0.25}])
+  assert probe.endswith("| RM on probe 0.250")

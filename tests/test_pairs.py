@@ -336,3 +336,19 @@ def test_llm_rewrite_negatives_generate(tiny_smol, verifier):
   assert stats["negative_tries"] == 3
   assert stats["n_valid"] + sum(stats["rejects"].values()) == 3
   assert stats["dropped_max_tries"] == 3 - stats["n_valid"]
+
+
+def test_plain_rewrite_format_is_the_question_and_solution_alone(tiny_smol):
+  """The format an assistant without instructions is trained on (tools/train_small_rewriter.py):
+  the user turn is the question, a newline and the correct solution; no system message."""
+  from cooper_jax.rewards.pairs import rewrite_chat_prompt  # pylint: disable=import-outside-toplevel
+
+  cfg, params, tok = tiny_smol
+  q, p = "Tom has 3 apples. He gets 4 more. How many?", "3 + 4 = 7\nThe answer is \\boxed{7}."
+  plain = rewrite_chat_prompt(tok, q, p, "plain")
+  assert plain == tok.chat_prompt(q + "\n" + p)
+  assert REWRITE_SYSTEM not in plain
+  gen = LLMRewriteNegatives(cfg, params, tok, max_new_tokens=4, prompt_format="plain")
+  assert gen.chat_prompts([q], [p]) == [plain]
+  with pytest.raises(ValueError, match="expected one of"):
+    LLMRewriteNegatives(cfg, params, tok, max_new_tokens=4, prompt_format="chat")

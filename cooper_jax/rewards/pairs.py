@@ -195,6 +195,24 @@ def rewrite_prompt(question: str, positive: str) -> str:
   )
 
 
+REWRITE_FORMATS = ("paper", "plain")
+
+
+def rewrite_chat_prompt(tokenizer, question: str, positive: str, fmt: str = "paper") -> str:
+  """The assistant's rendered prompt for one rewrite, in one place (the sampler and the tool
+  that trains a small-task assistant both call it).
+
+  "paper": the paper's instruction as the system message and `rewrite_prompt` as the user
+  message (an instruction-following chat model). "plain": the question and the correct
+  solution alone, one per line, as the user message, for an assistant trained on that format
+  whose vocabulary has no instructions (experiments/assets/small_task/rewriter)."""
+  if fmt == "paper":
+    return tokenizer.chat_prompt(rewrite_prompt(question, positive), system=REWRITE_SYSTEM)
+  if fmt == "plain":
+    return tokenizer.chat_prompt(f"{question}\n{positive}")
+  raise ValueError(f"rewrite format {fmt!r}: expected one of {REWRITE_FORMATS}")
+
+
 def rewrite_token_budget(positive: str) -> int:
   """Paper (code): max tokens = number of words in the positive + 500."""
   return len(positive.split()) + 500
@@ -223,16 +241,20 @@ class LLMRewriteNegatives:
     max_new_tokens: int,
     batch_pad_multiple: int = 64,
     top_p: float = 1.0,
+    prompt_format: str = "paper",
   ):
     if max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if prompt_format not in REWRITE_FORMATS:
+      raise ValueError(f"prompt_format {prompt_format!r}: expected one of {REWRITE_FORMATS}")
+    self.prompt_format = prompt_format
     self.cfg, self.params, self.tokenizer = cfg, params, tokenizer
     self.temperature, self.top_p = temperature, top_p
     self.max_new_tokens, self.batch_pad_multiple = max_new_tokens, batch_pad_multiple
 
   def chat_prompts(self, questions: list[str], positives: list[str]) -> list[str]:
     return [
-      self.tokenizer.chat_prompt(rewrite_prompt(q, p), system=REWRITE_SYSTEM)
+      rewrite_chat_prompt(self.tokenizer, q, p, self.prompt_format)
       for q, p in zip(questions, positives)
     ]
 
