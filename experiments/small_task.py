@@ -9,7 +9,11 @@ Its artifacts ship in experiments/assets/small_task (how they were made: its REA
 
 arg = "<condition>[,<workdir>]"; workdir: artifacts rebuilt elsewhere (tools/run_study.py
 --workdir), default the shipped ones. Conditions:
-  rule, static_rm, cooper       the paper's three (cooper: perturb negatives)
+  rule, static_rm, cooper       the paper's three (cooper: perturb negatives, RM lr 10x the policy's)
+  cooper_rewrite                cooper with the paper's llm_rewrite negatives (the shipped assistant)
+  cooper_rmlr{1,3,30}x          the RM's lr at 1x / 3x / 30x the policy's
+  static_rm_planted,            the co-training positive control: an RM with a planted blind spot
+  cooper_planted                (even answers scored correct), frozen or co-trained
   cooper_onpolicy               beyond the paper: the group's rule-rejected rollouts as negatives
                                 (the rule verifier's recall on this task: 100% of 105 correct
                                 rollouts, results/verifier_comparison)
@@ -33,6 +37,22 @@ CONDITIONS = {
   "cooper_onpolicy": ("cooper", {"pairs.negatives": "on_policy"}),
   "cooper_k4": ("cooper", {"rm.updates_per_step": 4}),
   "static_rm_nostd": ("static_rm", {"policy.loss.scale_adv_by_std": False}),
+  # The paper's negative generator: the small task's assistant (tools/train_small_rewriter.py)
+  # rewrites the positive, sampled by the same compiled sampler, accepted when math-verify
+  # says its answer differs, up to pairs.max_tries tries.
+  "cooper_rewrite": (
+    "cooper",
+    {
+      "pairs.negatives": "llm_rewrite",
+      "pairs.assistant_model": "{work}/rewriter",
+      "pairs.rewrite_format": "plain",
+      "pairs.assistant_max_new_tokens": 96,
+    },
+  ),
+  # RM-lr dose-response: the RM's lr as 1x, 3x, 30x the policy's (cooper itself is 10x).
+  "cooper_rmlr1x": ("cooper", {"rm.optim.lr": 1e-4}),
+  "cooper_rmlr3x": ("cooper", {"rm.optim.lr": 3e-4}),
+  "cooper_rmlr30x": ("cooper", {"rm.optim.lr": 3e-3}),
   # The co-training positive control (cooper_jax/tasks/blind_spot.py): the RM with a planted
   # blind spot (an even final answer scored correct whatever the reference), frozen or co-trained.
   "static_rm_planted": ("static_rm", PLANTED),

@@ -221,3 +221,16 @@ def test_rm_updates_per_step_and_on_policy_pairs(tmp_path):
   assert all(r["pairs/negative_tries"] == 0 for r in rows)
   _, state = _final_params(tmp_path)
   assert int(state["rm"]["step"]) == 3 * updated
+
+
+def test_llm_rewrite_negatives_in_the_loop_with_the_shipped_assistant(tmp_path):
+  """The paper's negative generator end to end on the small task: the shipped assistant
+  (experiments/assets/small_task/rewriter) rewrites each positive, math-verify accepts the
+  rewrites whose answer differs, and the RM trains on those pairs."""
+  rows = _small(tmp_path, "cooper_rewrite", steps=2)
+  assert sum(r["pairs/negative_tries"] for r in rows) > 0
+  assert sum(r["pairs/n_valid"] for r in rows) > 0  # some rewrites were accepted
+  assert any(r["rm_train/updated"] == 1.0 for r in rows)
+  for r in rows:  # every try is accepted or rejected for a counted reason
+    rejected = sum(v for k, v in r.items() if k.startswith("pairs/reject_"))
+    assert r["pairs/negative_tries"] == r["pairs/n_valid"] + rejected
