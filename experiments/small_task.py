@@ -57,6 +57,7 @@ CONDITIONS = {
   # blind spot (an even final answer scored correct whatever the reference), frozen or co-trained.
   "static_rm_planted": ("static_rm", PLANTED),
   "cooper_planted": ("cooper", PLANTED),
+  "cooper_planted_rmlr30x": ("cooper", {**PLANTED, "rm.optim.lr": 3e-3}),
 }
 
 
