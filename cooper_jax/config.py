@@ -162,6 +162,9 @@ def base_config() -> ml_collections.ConfigDict:
   # sound only where the rule verifier's recall is high, else it feeds right answers as wrong).
   c.pairs = dict(
     positive="first",
+    # Which rollouts may be positives: "rule" (the rule verdict, the paper) or "rule+chain"
+    # (also every computation line right; arith rows, cooper_jax/tasks/arith.py).
+    positive_check="rule",
     negatives="perturb",
     max_tries=3,
     accept_no_answer=False,
@@ -334,6 +337,12 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError(
       f"config.pairs.rewrite_format={c.pairs.rewrite_format!r}: expected 'paper' or 'plain'"
     )
+  if c.pairs.get("positive_check", "rule") not in ("rule", "rule+chain"):
+    raise ValueError(
+      f"config.pairs.positive_check={c.pairs.positive_check!r}: expected 'rule' or 'rule+chain'"
+    )
+  if c.pairs.get("positive_check", "rule") != "rule" and c.pairs.negatives == "on_policy":
+    raise ValueError("config.pairs.positive_check='rule+chain' applies to made negatives only")
   if c.pairs.positive not in ("first", "random"):
     raise ValueError(f"config.pairs.positive={c.pairs.positive!r}: expected 'first' or 'random'")
   if c.pairs.negatives not in ("perturb", "llm_rewrite", "on_policy"):

@@ -192,9 +192,10 @@ class CooperReward(StaticRMReward):
         *args, ro.correct, group, strategy=c.pairs.positive, rng=rng
       )
     else:
+      positive_ok, n_chain_dropped = self._positive_ok(ro)
       pairs, stats = build_pairs(
         *args,
-        ro.correct,
+        positive_ok,
         group,
         self.negatives,
         self.verifier,
@@ -208,7 +209,8 @@ class CooperReward(StaticRMReward):
     counts = [stats["n_valid"], stats["n_prompts"], stats["negative_tries"]]
     counts = dist.sum_over_processes(np.asarray(counts + [stats["rejects"][k] for k in reasons]))
     n_valid, n_prompts, tries, rejects = int(counts[0]), int(counts[1]), counts[2], counts[3:]
-    m = {
+    m = {} if self.negatives is None else {"pairs/positives_chain_dropped": n_chain_dropped}
+    m |= {
       "pairs/valid_rate": n_valid / n_prompts if n_prompts else 0.0,
       "pairs/n_valid": n_valid,
       "pairs/negative_tries": int(tries),
@@ -237,6 +239,27 @@ class CooperReward(StaticRMReward):
       m.update({f"rm_train/{k}": v for k, v in per_update[0].items()})
     m["rm_train/updated"] = float(n_valid > 0)
     return m
+
+  def _positive_ok(self, ro: Rollouts) -> tuple[np.ndarray, int]:
+    """Which rollouts may be a pair's positive, and how many rule-correct ones the chain check
+    refused (summed over processes). pairs.positive_check "rule": the rule verdict (the paper);
+    "rule+chain": also every computation line right (the arithmetic task's own checker,
+    `tasks.arith.chain_is_correct`, on rows with a `solution`), the precise-positives variant."""
+    if self.c.pairs.get("positive_check", "rule") == "rule":
+      return ro.correct, 0
+    from cooper_jax.tasks.arith import chain_is_correct  # pylint: disable=import-outside-toplevel
+
+    group = self.c.rollout.group_size
+    ok = ro.correct.copy()
+    for i in np.flatnonzero(ro.correct):
+      row = ro.rows[i // group]
+      if "solution" not in row:
+        raise ValueError(
+          "pairs.positive_check='rule+chain' needs a 'solution' in every data row; "
+          f"row {row.get('id', i // group)!r} has none"
+        )
+      ok[i] = chain_is_correct(ro.texts[i], row["solution"])
+    return ok, int(dist.sum_over_processes(np.asarray([int(ro.correct.sum() - ok.sum())]))[0])
 
   def _pair_batch(self, pairs, n_total: int, prompt_index: np.ndarray):
     """This process's valid pairs first, then as few invalid rows as the bucketed row count

@@ -49,6 +49,9 @@ CONDITIONS = {
       "pairs.assistant_max_new_tokens": 96,
     },
   ),
+  # Precise positives: a rule-correct rollout is a positive only if its whole chain is right
+  # (what the rule verifier's imprecision costs Cooper).
+  "cooper_chainpos": ("cooper", {"pairs.positive_check": "rule+chain"}),
   # RM-lr dose-response: the RM's lr as 1x, 3x, 30x the policy's (cooper itself is 10x).
   "cooper_rmlr1x": ("cooper", {"rm.optim.lr": 1e-4}),
   "cooper_rmlr3x": ("cooper", {"rm.optim.lr": 3e-4}),

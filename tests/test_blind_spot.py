@@ -19,7 +19,7 @@ from cooper_jax.prompts import encode_rm_inputs
 from cooper_jax.reward_modes import CooperReward, Rollouts
 from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.tasks import blind_spot
-from cooper_jax.tasks.arith import make_wrong_solution
+from cooper_jax.tasks.arith import make_wrong_solution, parse_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 20  # Cooper RM steps
@@ -141,3 +141,51 @@ def test_cotraining_closes_a_planted_blind_spot(tmp_path, negatives):
       assert min(history) > 0.5, np.round(history, 3).tolist()
   finally:
     verifier.close()
+
+
+def test_chain_checked_positives_refuse_a_right_answer_reached_by_wrong_lines(tmp_path):
+  """pairs.positive_check='rule+chain': a rule-correct rollout with a wrong intermediate line is
+  no positive; counted in pairs/positives_chain_dropped."""
+  rows = _rows("train.jsonl", 40)
+  multi = [r for r in rows if r["solution"].count("\n") >= 2][:8]  # two or more lines
+  assert len(multi) == 8
+  g = 2
+  texts, correct = [], []
+  for i, r in enumerate(multi):
+    lines = r["solution"].split("\n")
+    x, op, y, z = parse_solution(r["solution"])[0]
+    wrong_chain = "\n".join([f"{x} {op} {y} = {z + 1}"] + lines[1:])  # right answer, wrong line 1
+    texts += [
+      wrong_chain,
+      r["solution"] if i < 4 else make_wrong_solution(r, np.random.default_rng(i)),
+    ]
+    correct += [True, i < 4]
+  ro = Rollouts(
+    rows=multi,
+    questions=[r["question"] for r in multi for _ in range(g)],
+    refs=[str(r["answer"]) for r in multi for _ in range(g)],
+    texts=texts,
+    correct=np.asarray(correct),
+    index=np.arange(len(texts)),
+    n_total=len(texts),
+  )
+  probe = tmp_path / "probe.jsonl"
+  from cooper_jax.io import write_jsonl  # pylint: disable=import-outside-toplevel
+
+  write_jsonl(probe, blind_spot.probe_rows(multi, np.random.default_rng(0)))
+  results = {}
+  for check in ("rule", "rule+chain"):
+    c = _cooper_config(probe)
+    c.rollout.prompts_per_step = len(multi)
+    c.rollout.group_size = g
+    c.pairs.positive_check = check
+    verifier = RuleVerifier(1)
+    try:
+      results[check] = CooperReward(c, sharding.make_mesh(**c.mesh), verifier).update(ro, 0)
+    finally:
+      verifier.close()
+  assert results["rule"]["pairs/positives_chain_dropped"] == 0
+  assert results["rule"]["pairs/n_valid"] == 8  # every group has a rule-correct rollout
+  # Chain-checked: all 8 wrong-chain rollouts refused; the 4 groups with a gold one keep a pair.
+  assert results["rule+chain"]["pairs/positives_chain_dropped"] == 8
+  assert results["rule+chain"]["pairs/n_valid"] == 4
