@@ -255,9 +255,15 @@ def plot_rm_stability(runs: dict[str, list[list[dict]]], path, title: str) -> li
 def read_rollouts(workdir) -> list[dict] | None:
   """A run's saved rollouts, or None when it saved none."""
   path = Path(workdir) / "rollouts.jsonl"
-  if not path.exists():
+  if path.exists():
+    text = path.read_text(encoding="utf-8")
+  elif path.with_suffix(".jsonl.gz").exists():  # as committed under results/
+    import gzip  # pylint: disable=import-outside-toplevel
+
+    text = gzip.decompress(path.with_suffix(".jsonl.gz").read_bytes()).decode("utf-8")
+  else:
     return None
-  return [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+  return [json.loads(l) for l in text.splitlines() if l.strip()]
 
 
 def pick_examples(static_rows: list[dict], cooper_rows: list[dict] | None, k: int = 3) -> list:
