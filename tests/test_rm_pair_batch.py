@@ -58,7 +58,24 @@ def test_compacted_pairs_give_the_all_prompts_update():
   (p_full, m_full), (p_comp, m_comp) = results
   assert float(m_full["n_valid"]) == float(m_comp["n_valid"]) == 2.0
   np.testing.assert_allclose(float(m_comp["loss"]), float(m_full["loss"]), rtol=1e-6)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p_full, p_comp)
+  # Compare the gradients, not the parameters after AdamW: a first Adam step moves a parameter
+  # by lr * g / (|g| + eps), so where |g| is near eps float32 rounding of g moves the update by a
+  # visible fraction of lr, on one CPU and not the next. The two batches hold the same valid
+  # pairs in other rows (and other padding rows, which contribute exact zeros): their
+  # gradients differ only by summation order, bounded by rows * 2^-24 * the sum of |terms|;
+  # 1e-5 of the largest gradient entry is well above that for these 8 rows.
+  grads = []
+  for batch in (full, rb):
+    loss = lambda p, b=batch: steps.rm_loss_fn(rm.cfg, "bt", p, b)[0].value
+    grads.append(jax.device_get(jax.jit(jax.grad(loss))(rm.state["params"])))
+  g_scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(grads[0]))
+  assert g_scale > 0
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * g_scale), *grads
+  )
+  # After the step the parameters agree to within the step itself (|update| <= lr (1 + wd |p|)).
+  lr = c.rm.optim.lr
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=2.1 * lr), p_full, p_comp)
   # and the update did something (the comparison is not between two unchanged states)
   moved = jax.tree.leaves(
     jax.tree.map(lambda a, b: np.abs(a - b).max(), p_full, rm.state["params"])
