@@ -19,15 +19,18 @@ RUNS = Path(__file__).resolve().parent / "runs"
 
 
 def main():
-  for run in sorted(p for p in RUNS.iterdir() if p.is_dir() and not p.name.startswith("untrained")):
+  for run in sorted(RUNS.iterdir()):
+    if not (run / "heldout.json").exists() or run.name.startswith("untrained"):
+      continue  # an untrained baseline, or a run still going
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     tr = [r for r in rows if "rule/acc" in r]
     rew, acc = np.array([r["reward/mean"] for r in tr]), np.array([r["rule/acc"] for r in tr])
     ev = [r["eval/acc"] for r in rows if "eval/acc" in r]
     probe = [(r["step"], r["eval/rm_probe_score"]) for r in rows if "eval/rm_probe_score" in r]
     below = next((s for s, v in probe if v < 0.5), None)
-    path = run / "rollouts.jsonl.gz"
-    ro = [json.loads(line) for line in gzip.open(path, "rt")] if path.exists() else []
+    gz, plain = run / "rollouts.jsonl.gz", run / "rollouts.jsonl"
+    src = gzip.open(gz, "rt") if gz.exists() else (open(plain) if plain.exists() else [])
+    ro = [json.loads(line) for line in src]
 
     def even(lo, hi, wrong_only=False):
       sel = [r for r in ro if lo <= r["step"] <= hi and (not wrong_only or not r["rule_correct"])]
