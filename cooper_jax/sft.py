@@ -123,3 +123,47 @@ def make_sft_step(
   return steps.make_train_step(
     loss_fn, optimizer, mesh, state, batch_like, micro_batch_size=micro_batch_size
   )
+
+
+def train_sft(
+  cfg: ModelConfig,
+  tokenizer,
+  params,
+  prompts: Sequence[str],
+  responses: Sequence[str],
+  *,
+  n_steps: int,
+  batch_size: int,
+  lr: float,
+  warmup: int,
+  max_len: int,
+  rng: np.random.Generator,
+  log_every: int = 100,
+):
+  """SFT of `params` on (rendered prompt, response) pairs with the small-task recipe
+  (`supervised.adamw_warmup_cosine`), one device mesh; the one loop tools/sft_small_policy.py
+  and tools/train_small_rewriter.py share. Returns (params on the host, log, seconds)."""
+  from cooper_jax import optim, sharding  # pylint: disable=import-outside-toplevel
+  from cooper_jax.supervised import adamw_warmup_cosine, train_supervised  # pylint: disable=import-outside-toplevel
+
+  opt = optim.make_optimizer(adamw_warmup_cosine(lr, warmup, n_steps))
+  mesh = sharding.make_mesh()
+  state = sharding.shard_tree(steps.init_state(params, opt), mesh)
+  state, log, seconds = train_supervised(
+    state,
+    n_rows=len(prompts),
+    steps=n_steps,
+    batch_size=batch_size,
+    rng=rng,
+    # Width rounded to 32: a handful of shapes to compile instead of one per batch.
+    encode=lambda idx: encode_sft_batch(
+      tokenizer, [prompts[j] for j in idx], [responses[j] for j in idx], max_len, pad_to_multiple=32
+    ),
+    make_step=lambda state, batch: make_sft_step(cfg, opt, mesh, state, batch),
+    describe=lambda m: (
+      f"loss {m['loss']:.4f} token_acc {m['token_accuracy']:.3f} "
+      f"grad_norm {m['grad_norm']:.2f} skipped {int(m['n_skipped'])} {m['elapsed_s']:.0f}s"
+    ),
+    log_every=log_every,
+  )
+  return jax.device_get(state["params"]), log, seconds

@@ -17,7 +17,7 @@ counted and reported, not dropped silently.
 from __future__ import annotations
 
 import argparse
-import gzip
+import importlib.util
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -27,13 +27,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The study report's rollout reader (rollouts.jsonl or .jsonl.gz), loaded as tools/run_study.py does.
+_spec = importlib.util.spec_from_file_location("_study_report", ROOT / "tools" / "study_report.py")
+_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_report)
+
+
 def read_rollouts(run_dir: Path) -> list[dict]:
-  for name, opener in (("rollouts.jsonl", open), ("rollouts.jsonl.gz", gzip.open)):
-    path = run_dir / name
-    if path.exists():
-      with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-  return []
+  """A run's saved rollouts, [] when it saved none."""
+  return _report.read_rollouts(run_dir) or []
 
 
 def run_precision(rollouts: list[dict], solutions: dict[str, str], window: int) -> dict:

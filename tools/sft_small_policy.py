@@ -129,36 +129,27 @@ def small_config(tok, a):
 def train(cfg, tok, questions, responses, a):
   import jax  # pylint: disable=import-outside-toplevel
 
-  from cooper_jax import optim, sft, sharding, steps  # pylint: disable=import-outside-toplevel
   from cooper_jax.models.transformer import init_params  # pylint: disable=import-outside-toplevel
   from cooper_jax.prompts import build_prompts  # pylint: disable=import-outside-toplevel
-  from cooper_jax.supervised import adamw_warmup_cosine, train_supervised  # pylint: disable=import-outside-toplevel
+  from cooper_jax.sft import train_sft  # pylint: disable=import-outside-toplevel
 
-  # The same prompt the evaluator and the RL trainer render (chat template + instruction).
-  prompts = build_prompts(tok, questions)
-  opt = optim.make_optimizer(adamw_warmup_cosine(a.lr, a.warmup, a.steps))
-  mesh = sharding.make_mesh()
   # Jitted init: eager Flax init runs the scanned layers op by op (slow on a busy CPU).
   params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(a.seed))
-  state = sharding.shard_tree(steps.init_state(params, opt), mesh)
-  state, log, seconds = train_supervised(
-    state,
-    n_rows=len(prompts),
-    steps=a.steps,
+  return train_sft(
+    cfg,
+    tok,
+    params,
+    # The same prompt the evaluator and the RL trainer render (chat template + instruction).
+    build_prompts(tok, questions),
+    responses,
+    n_steps=a.steps,
     batch_size=a.batch,
+    lr=a.lr,
+    warmup=a.warmup,
+    max_len=a.max_len,
     rng=np.random.default_rng([a.seed, 2]),
-    # Width rounded to 32: a handful of shapes to compile instead of one per batch.
-    encode=lambda idx: sft.encode_sft_batch(
-      tok, [prompts[j] for j in idx], [responses[j] for j in idx], a.max_len, pad_to_multiple=32
-    ),
-    make_step=lambda state, batch: sft.make_sft_step(cfg, opt, mesh, state, batch),
-    describe=lambda m: (
-      f"loss {m['loss']:.4f} token_acc {m['token_accuracy']:.3f} "
-      f"grad_norm {m['grad_norm']:.2f} skipped {int(m['n_skipped'])} {m['elapsed_s']:.0f}s"
-    ),
     log_every=a.log_every,
   )
-  return jax.device_get(state["params"]), log, seconds
 
 
 def evaluate_policy(policy_dir: Path, test_rows, a) -> dict:

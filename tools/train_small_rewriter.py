@@ -92,12 +92,9 @@ def rewrite_quality(rewrites: list[str], rows: list[dict]) -> dict:
 def main(argv=None) -> dict:
   a = parse_args(argv)
   t0 = time.perf_counter()
-  import jax  # pylint: disable=import-outside-toplevel
-
-  from cooper_jax import optim, sft, sharding, steps  # pylint: disable=import-outside-toplevel
   from cooper_jax.io import atomic_write_json  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.pairs import LLMRewriteNegatives, rewrite_chat_prompt  # pylint: disable=import-outside-toplevel
-  from cooper_jax.supervised import adamw_warmup_cosine, train_supervised  # pylint: disable=import-outside-toplevel
+  from cooper_jax.sft import train_sft  # pylint: disable=import-outside-toplevel
   from cooper_jax.tasks.arith import make_wrong_solution  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import load_pretrained, save_hf_dir  # pylint: disable=import-outside-toplevel
@@ -110,25 +107,19 @@ def main(argv=None) -> dict:
   targets = [make_wrong_solution(r, rng) for r in train_rows]
   print(f"{len(prompts)} rewrite examples; held-out {len(eval_rows)}", flush=True)
 
-  opt = optim.make_optimizer(adamw_warmup_cosine(a.lr, a.warmup, a.steps))
-  mesh = sharding.make_mesh()
-  state = sharding.shard_tree(steps.init_state(params, opt), mesh)
-  state, log, train_s = train_supervised(
-    state,
-    n_rows=len(prompts),
-    steps=a.steps,
+  params, log, train_s = train_sft(
+    cfg,
+    tok,
+    params,
+    prompts,
+    targets,
+    n_steps=a.steps,
     batch_size=a.batch,
+    lr=a.lr,
+    warmup=a.warmup,
+    max_len=a.max_len,
     rng=np.random.default_rng([a.seed, 22]),
-    encode=lambda idx: sft.encode_sft_batch(
-      tok, [prompts[j] for j in idx], [targets[j] for j in idx], a.max_len, pad_to_multiple=32
-    ),
-    make_step=lambda state, batch: sft.make_sft_step(cfg, opt, mesh, state, batch),
-    describe=lambda m: (
-      f"loss {m['loss']:.4f} token_acc {m['token_accuracy']:.3f} {m['elapsed_s']:.0f}s"
-    ),
-    log_every=100,
   )
-  params = jax.device_get(state["params"])
   out = Path(a.out)
   save_hf_dir(cfg, params, out, tokenizer=tok)
 
