@@ -19,6 +19,19 @@ from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import Transformer, positions_from_mask
 
 
+def logit_temperature(temperature: float) -> float:
+  """What the logits are divided by before any log-prob: the sampling temperature, 1 for greedy.
+
+  The one place that maps `rollout.temperature` to log-probs. The sampler draws from
+  softmax(logits / T) and stores that distribution's log-probs; the trainer's PPO ratio, the
+  reference pass (KL) and the sampler-vs-trainer mismatch must read the same distribution (as
+  the reference code verl does: its actor divides the logits by the rollout temperature), or
+  the ratio is off from the first mini-batch on. Greedy decoding (T = 0) has no such
+  distribution: its log-probs are the raw logits'.
+  """
+  return float(temperature) if temperature > 0 else 1.0
+
+
 def token_logprobs(logits_btv, targets_bt):
   """log softmax(logits)[target] per position, in float32.
 
@@ -70,8 +83,10 @@ def response_logprobs(
   response_mask,
   *,
   chunk: int = 0,
+  temperature: float = 1.0,
 ):
-  """log p(response token | everything before it): [b, n], float32.
+  """log p(response token | everything before it): [b, n], float32, under softmax(logits / T)
+  with T = logit_temperature(temperature) (the distribution the sampler drew from).
 
   The LM head runs only on the n positions that predict response tokens, not on the prompt:
   with a 49k-152k vocabulary that head (and its logits) is a large share of the step's FLOPs
@@ -85,8 +100,11 @@ def response_logprobs(
   )
   p, n = prompt_tokens.shape[1], response_tokens.shape[1]
 
+  t = logit_temperature(temperature)
+
   def logits_fn(head_params, h):
-    return model.apply({"params": head_params}, h, method=Transformer.logits)
+    logits = model.apply({"params": head_params}, h, method=Transformer.logits)
+    return logits if t == 1.0 else logits.astype(jnp.float32) / t
 
   # Only the head goes into the chunk loop, so its backward accumulates the head's gradient
   # alone rather than carrying zeros for every layer.

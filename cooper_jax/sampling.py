@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cooper_jax.logprobs import logit_temperature
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import (
   KVCache,
@@ -102,7 +103,7 @@ def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
   if temperature == 0.0:
     tok_b = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
     return tok_b, _token_logprob(logits_bv, tok_b)
-  scaled_bv = logits_bv / temperature
+  scaled_bv = logits_bv / logit_temperature(temperature)  # the trainer reads the same T
   # Gumbel-max over the whole vocabulary. An inverse-CDF draw (one uniform per row) was 10x
   # cheaper on a CPU but made a token depend on the cumulative mass before it, so the
   # float-level logit differences between mesh layouts flipped tokens (2 processes vs 1

@@ -102,7 +102,7 @@ def resolve(tree):
   return jax.tree.map(lambda x: x.value if _is_stat(x) else x, tree, is_leaf=_is_stat)
 
 
-def _logprobs(model_cfg, params, batch, chunk: int = 0):
+def _logprobs(model_cfg, params, batch, chunk: int = 0, temperature: float = 1.0):
   return response_logprobs(
     model_cfg,
     params,
@@ -111,6 +111,7 @@ def _logprobs(model_cfg, params, batch, chunk: int = 0):
     batch["response_tokens"],
     batch["response_mask"],
     chunk=chunk,
+    temperature=temperature,
   )
 
 
@@ -118,9 +119,12 @@ def _logprobs(model_cfg, params, batch, chunk: int = 0):
 _AGG_METRICS = ("pg_loss", "kl_loss", "loss")
 
 
-def policy_loss_fn(model_cfg: ModelConfig, lc, params, batch, *, logprob_chunk: int = 0):
-  """(Mean loss, metrics of Mean / Sum) on `batch`, see `make_train_step`."""
-  logp = _logprobs(model_cfg, params, batch, logprob_chunk)
+def policy_loss_fn(
+  model_cfg: ModelConfig, lc, params, batch, *, logprob_chunk: int = 0, temperature: float = 1.0
+):
+  """(Mean loss, metrics of Mean / Sum) on `batch`, see `make_train_step`; log-probs at the
+  rollout temperature (logprobs.logit_temperature)."""
+  logp = _logprobs(model_cfg, params, batch, logprob_chunk, temperature)
   old = batch.get("old_logp")
   old = jax.lax.stop_gradient(logp) if old is None else old
   resp_mask = batch["response_mask"].astype(jnp.float32)
@@ -353,15 +357,20 @@ def make_policy_step(
   *,
   micro_batch_size: int = 0,
   logprob_chunk: int = 0,
+  temperature: float = 1.0,
 ):
   """Returns jitted `policy_step(state, batch) -> (state, metrics)` for batches shaped like
   `batch_like` (the set of keys fixes whether old_logp/ref_logp are used). micro_batch_size:
   rows per gradient-accumulation micro-batch; logprob_chunk: response positions per LM-head
-  chunk (see cooper_jax.logprobs); 0 = off for both. Neither changes the result."""
+  chunk (see cooper_jax.logprobs); 0 = off for both. Neither changes the result.
+  temperature: the rollout's (`rollout.temperature`); log-probs, hence the PPO ratio and the
+  KL, are taken under softmax(logits / T), the distribution the sampler drew from."""
   if (loss_cfg.kl_coef > 0) != ("ref_logp" in batch_like):
     raise ValueError("policy batch must carry ref_logp exactly when kl_coef > 0")
   return make_train_step(
-    lambda p, b: policy_loss_fn(model_cfg, loss_cfg, p, b, logprob_chunk=logprob_chunk),
+    lambda p, b: policy_loss_fn(
+      model_cfg, loss_cfg, p, b, logprob_chunk=logprob_chunk, temperature=temperature
+    ),
     optimizer,
     mesh,
     state,
@@ -395,15 +404,24 @@ def make_rm_step(
 
 
 def make_logprob_fn(
-  model_cfg: ModelConfig, mesh: Mesh, params, *, micro_batch_size: int = 0, logprob_chunk: int = 0
+  model_cfg: ModelConfig,
+  mesh: Mesh,
+  params,
+  *,
+  micro_batch_size: int = 0,
+  logprob_chunk: int = 0,
+  temperature: float = 1.0,
 ):
   """Jitted forward-only `(params, batch) -> logp [b, n]` of the response tokens (old or
-  reference log-probs); `batch` carries the four prompt/response arrays. Micro-batches run one
-  after another, so peak memory is one micro-batch's forward."""
+  reference log-probs) at the rollout temperature, as in `make_policy_step`; `batch` carries
+  the four prompt/response arrays. Micro-batches run one after another, so peak memory is one
+  micro-batch's forward."""
   keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
 
   def logprob_fn(params, batch):
-    one = lambda *arrays: _logprobs(model_cfg, params, dict(zip(keys, arrays)), logprob_chunk)
+    one = lambda *arrays: _logprobs(
+      model_cfg, params, dict(zip(keys, arrays)), logprob_chunk, temperature
+    )
     return _map_micro(one, mesh, micro_batch_size, *(batch[k] for k in keys))
 
   return jax.jit(

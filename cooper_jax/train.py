@@ -94,6 +94,7 @@ class Run:
       policy_params,
       micro_batch_size=c.policy.micro_batch_size,
       logprob_chunk=c.policy.logprob_chunk,
+      temperature=c.rollout.temperature,
     )
     self._policy_step = None
 
@@ -222,6 +223,7 @@ class Run:
         batches[0],
         micro_batch_size=c.policy.micro_batch_size,
         logprob_chunk=c.policy.logprob_chunk,
+        temperature=c.rollout.temperature,
       )
     lr = float(self.policy_lr(int(self.policy_state["step"])))  # the lr of the first update
     per_update = []
@@ -232,6 +234,8 @@ class Run:
     for k in ("sampler_logp_abs_diff", "sampler_kl"):
       if k in per_update[0]:
         m[f"policy/{k}"] = float(per_update[0][k])
+    # At the sampling parameters and temperature the first update's ratio is 1 up to rounding.
+    m["policy/first_ratio_mean"] = float(per_update[0]["ratio_mean"])
     m["policy/step_compiles"] = _compiled_count(self._policy_step)
     return {"policy/lr": lr, "policy/updates": n_updates, **m}
 

@@ -185,17 +185,31 @@ def test_schedules_by_name(name):
   np.testing.assert_allclose([float(s(0)), float(s(5)), float(s(60))], want, atol=1e-6)
 
 
-def test_response_logprobs_equal_full_forward_logsoftmax():
+@pytest.mark.parametrize("temperature,divide_by", [(1.0, 1.0), (0.7, 0.7), (0.0, 1.0)])
+def test_response_logprobs_equal_full_forward_logsoftmax(temperature, divide_by):
+  """log softmax(logits / T) at the response tokens, by hand in float64: the distribution the
+  sampler draws from at T (greedy, T = 0, reads the raw logits)."""
   from cooper_jax.models.transformer import forward  # pylint: disable=import-outside-toplevel
 
   params = init_params(TINY, jax.random.key(0))
   b = _policy_batch()
   got = steps.response_logprobs(
-    TINY, params, b["prompt_tokens"], b["prompt_mask"], b["response_tokens"], b["response_mask"]
+    TINY,
+    params,
+    b["prompt_tokens"],
+    b["prompt_mask"],
+    b["response_tokens"],
+    b["response_mask"],
+    temperature=temperature,
   )
   tokens = np.concatenate([b["prompt_tokens"], b["response_tokens"]], 1)
   mask = np.concatenate([b["prompt_mask"], b["response_mask"]], 1)
-  logp = np.asarray(jax.nn.log_softmax(forward(TINY, params, tokens, mask), axis=-1))
+  z = np.asarray(forward(TINY, params, tokens, mask), np.float64) / divide_by
+  logp = (
+    z
+    - np.log(np.sum(np.exp(z - z.max(-1, keepdims=True)), -1, keepdims=True))
+    - z.max(-1, keepdims=True)
+  )
   p = b["prompt_tokens"].shape[1]
   for i in range(tokens.shape[0]):
     for j in range(b["response_tokens"].shape[1]):

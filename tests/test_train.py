@@ -95,6 +95,35 @@ def test_bad_overrides_fail_naming_the_key(tmp_path):
     assert p.returncode != 0 and needle in p.stderr
 
 
+def test_ppo_ratio_at_the_rollout_temperature(tmp_path):
+  """At T 0.7 with 2 epochs x 2 mini-batches the first update starts at the sampling
+  parameters: ratio 1 within 1e-5 and the sampler-vs-trainer mismatch at float noise (both
+  were off when the trainer read softmax(logits) while the sampler drew from logits / T). The
+  shipped small-task policy, whose logits are sharp: a random tiny model's are nearly uniform,
+  where T hardly changes a log-prob."""
+  cmd = [
+    sys.executable,
+    "-m",
+    "cooper_jax.train",
+    f"--config={ROOT / 'experiments' / 'small_task.py'}:rule",
+    f"--workdir={tmp_path}",
+    "--config.train.steps=1",
+    "--config.train.eval_every=0",
+    "--config.rollout.prompts_per_step=2",
+    "--config.rollout.group_size=4",
+    "--config.rollout.temperature=0.7",
+    "--config.policy.ppo_epochs=2",
+    "--config.policy.ppo_mini_batch_size=4",
+  ]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  (m,) = read_metrics(tmp_path)
+  assert m["policy/updates"] == 4
+  assert abs(m["policy/first_ratio_mean"] - 1.0) < 1e-5
+  assert m["policy/sampler_logp_abs_diff"] < 1e-4 and abs(m["policy/sampler_kl"]) < 1e-6
+
+
 def test_ppo_epochs_and_mini_batches(tmp_path):
   """One epoch of one mini-batch is today's on-policy update (ratio exactly 1); 2 epochs x 2
   mini-batches take 4 updates clipped against the sampler's log-probs, which agree with the
@@ -114,6 +143,10 @@ def test_ppo_epochs_and_mini_batches(tmp_path):
   for m in (a, b):
     assert m["policy/sampler_logp_abs_diff"] < 1e-4 and abs(m["policy/sampler_kl"]) < 1e-6
   assert a["reward/mean"] == b["reward/mean"]  # same rollouts, different updates
+  # At the sampling parameters the first update's ratio is 1 whatever the temperature: the
+  # trainer's log-probs read softmax(logits / T) as the sampler did.
+  for m in (a, b):
+    assert abs(m["policy/first_ratio_mean"] - 1.0) < 1e-5
   _, pa = _final_params(one, ("policy",))
   _, pb = _final_params(ppo, ("policy",))
   assert not np.array_equal(

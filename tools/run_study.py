@@ -208,6 +208,13 @@ def run_one(a, cond: str, seed: int) -> dict:
 # ---------------------------------------------------------------------------------- all runs
 def child_env(jobs: int) -> dict:
   env = dict(os.environ, PYTHONUNBUFFERED="1")
+  # Every run of a study compiles the same programs (same shapes, flags and XLA version: the
+  # cache key), so all but the first read them from JAX's persistent cache: on the 2-core VM a
+  # 25-step small-task run went from 61 s to 34 s with identical metrics. Set
+  # JAX_COMPILATION_CACHE_DIR to put it elsewhere.
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "cooper_jax" / "xla"))
+  env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
   if jobs > 1:
     # On the 2-core dev VM a step of the tiny model is dispatch-bound: XLA's Eigen pool in each
     # of N processes only fights the others for the cores. One thread per process, N processes.

@@ -177,7 +177,12 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
   if kl:
     lp_batch = abstract_batch(mesh, lp_shapes)
     lp_fn = steps.make_logprob_fn(
-      pol_cfg, mesh, pol_params, micro_batch_size=pmb, logprob_chunk=chunk
+      pol_cfg,
+      mesh,
+      pol_params,
+      micro_batch_size=pmb,
+      logprob_chunk=chunk,
+      temperature=c.rollout.temperature,
     )
     fwd_acts = forward_bytes(pol_cfg, rows, seq, seq, n_new, tensor)
     n_lp_micro = rows // pmb if pmb else 1
@@ -254,6 +259,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
     p_batch,
     micro_batch_size=pmb,
     logprob_chunk=chunk,
+    temperature=c.rollout.temperature,
   )
   fns.append(
     FnSpec(
