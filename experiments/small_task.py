@@ -14,6 +14,8 @@ arg = "<condition>[,<workdir>]"; workdir: artifacts rebuilt elsewhere (tools/run
   cooper_rmlr{1,3,30}x          the RM's lr at 1x / 3x / 30x the policy's
   static_rm_planted,            the co-training positive control: an RM with a planted blind spot
   cooper_planted                (even answers scored correct), frozen or co-trained
+  static_rm_weak, cooper_weak   a weak natural RM (rm_weak/: stopped early, no planted flaw),
+                                frozen or co-trained: hacking without a hand-made exploit
   cooper_onpolicy               beyond the paper: the group's rule-rejected rollouts as negatives
                                 (the rule verifier's recall on this task: 100% of 105 correct
                                 rollouts, results/verifier_comparison)
@@ -30,6 +32,7 @@ SHIPPED = Path(__file__).resolve().parent / "assets" / "small_task"
 
 # Values may name the artifacts directory as {work}.
 PLANTED = {"rm.model": "{work}/rm_planted"}
+WEAK = {"rm.model": "{work}/rm_weak"}
 CONDITIONS = {
   "rule": ("rule", {}),
   "static_rm": ("static_rm", {}),
@@ -61,6 +64,11 @@ CONDITIONS = {
   "static_rm_planted": ("static_rm", PLANTED),
   "cooper_planted": ("cooper", PLANTED),
   "cooper_planted_rmlr30x": ("cooper", {**PLANTED, "rm.optim.lr": 3e-3}),
+  # A weak natural RM (no planted flaw): 300 BCE steps on the current policy's labelled
+  # rollouts, stopped before it learns the answer comparison well (held-out rollouts: accuracy
+  # 0.596, precision 0.566, recall 0.452); frozen, or co-trained as Cooper's.
+  "static_rm_weak": ("static_rm", WEAK),
+  "cooper_weak": ("cooper", WEAK),
 }
 
 
