@@ -34,19 +34,41 @@ _LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 @dataclasses.dataclass
 class LoadReport:
   source: str  # what the caller asked for
-  location: str  # resolved file path or "hub:<name>[<split>]"
+  location: str  # resolved file path or "datasets:<name>[:<subset>]:<split>"
   rows: int = 0  # rows returned
   skipped: int = 0  # bad rows dropped (on_bad_row="skip")
   bad_rows: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)
   blank_lines: int = 0  # empty JSONL lines (ignored, but counted)
 
 
+def parse_source(source: str) -> tuple[str, str | None, str | None]:
+  """(name, subset, split) of a dataset source as configs and CLIs spell it.
+
+  "NAME" (a shipped name, a local file, or a hub name given a split elsewhere),
+  "NAME:SPLIT" or "NAME:SUBSET:SPLIT" (a hub dataset, e.g. "openai/gsm8k:main:train", or a
+  local directory in the `datasets` format: a `save_to_disk` folder or a hub repo's copy).
+  Hub names and local files never contain ':' here, so the form is unambiguous; an existing
+  path with a ':' in it is taken whole."""
+  if ":" not in source or Path(source).expanduser().exists():
+    return source, None, None
+  parts = source.split(":")
+  if len(parts) > 3 or not all(parts):
+    raise ValueError(
+      f"dataset {source!r}: expected NAME, NAME:SPLIT or NAME:SUBSET:SPLIT (non-empty parts)"
+    )
+  if len(parts) == 2:
+    return parts[0], None, parts[1]
+  return parts[0], parts[1], parts[2]
+
+
 def resolve_dataset(source: str, split: str | None = None) -> Path | None:
-  """Local path for a registry name or file path; None means "try the hub"."""
+  """Local path for a registry name or file path; None means "a datasets folder or the hub"."""
   key = f"{source}/{split}" if split and f"{source}/{split}" in REGISTRY else source
   if key in REGISTRY:
     return DATA_DIR / REGISTRY[key]
   path = Path(source).expanduser()
+  if path.is_dir():
+    return None  # a `datasets` folder: read by _open_hub
   if path.suffix in _LOCAL_SUFFIXES or path.exists():
     # Looks like a file: never fall through to the hub with a typo'd path.
     if not path.is_file():
@@ -131,20 +153,32 @@ def _open_records(path: Path, report: LoadReport, split: str | None):
   raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use {_LOCAL_SUFFIXES})")
 
 
-def _open_hub(name: str, split: str | None):
-  if split is None:
-    raise ValueError(
-      f"{name!r} is neither a shipped dataset ({sorted(REGISTRY)}) nor a "
-      "local file; to load it from the hub pass split=..."
-    )
+def _open_hub(name: str, subset: str | None, split: str | None):
+  """Rows of a `datasets` dataset: a local `save_to_disk` folder, or what `load_dataset` reads
+  (a hub name, or a local folder laid out like a hub repo, subsets as its configs)."""
   import datasets
 
+  folder = Path(name).expanduser()
+  if (folder / "dataset_dict.json").exists() or (folder / "state.json").exists():
+    if subset is not None:
+      raise ValueError(f"{name}: a save_to_disk folder has no subsets; got subset {subset!r}")
+    ds = datasets.load_from_disk(str(folder))
+    if isinstance(ds, datasets.DatasetDict):
+      if split not in ds:
+        raise ValueError(f"{name}: split {split!r} not in its splits {sorted(ds)}")
+      ds = ds[split]
+    return _iter_records(ds), "row"
+  if split is None:
+    raise ValueError(
+      f"{name!r} is neither a shipped dataset ({sorted(REGISTRY)}) nor a local file; to load "
+      "it with `datasets` give a split: NAME:SPLIT or NAME:SUBSET:SPLIT"
+    )
   try:
-    ds = datasets.load_dataset(name, split=split)
+    ds = datasets.load_dataset(name, subset, split=split)
   except Exception as e:
     raise RuntimeError(
-      f"{name!r} is not a shipped dataset ({sorted(REGISTRY)}) or local "
-      f"file, and loading it from the hub failed: {e}"
+      f"{name!r} (subset {subset!r}, split {split!r}) is not a shipped dataset "
+      f"({sorted(REGISTRY)}) or local file, and `datasets.load_dataset` failed: {e}"
     ) from e
   return _iter_records(ds), "row"
 
@@ -161,15 +195,22 @@ def load_qa(
   """Load validated {"question", "answer", ...} rows.
 
   source: a registry name (see REGISTRY; "gsm8k" + split="test" also works), a local
-  .jsonl/.json/.parquet file, or a hub dataset name (needs split). Returned rows keep all
-  original fields; "question" and "answer" hold the validated values (answer as str).
+  .jsonl/.json/.parquet file, or a `datasets` dataset spelled NAME:SPLIT / NAME:SUBSET:SPLIT
+  (`parse_source`: a hub name or a local datasets folder; `split` may be given here instead).
+  Returned rows keep all original fields; "question" and "answer" hold the validated values
+  (answer as str).
   """
   if on_bad_row not in ("raise", "skip"):
     raise ValueError(f"on_bad_row must be 'raise' or 'skip', got {on_bad_row!r}")
-  path = resolve_dataset(source, split)
-  location = str(path) if path is not None else f"hub:{source}[{split}]"
+  name, subset, spelled_split = parse_source(source)
+  if spelled_split is not None and split is not None and spelled_split != split:
+    raise ValueError(f"dataset {source!r} names split {spelled_split!r}, the caller {split!r}")
+  split = spelled_split or split
+  path = resolve_dataset(name, split)
+  where = ":".join(x for x in (name, subset, split) if x is not None)
+  location = str(path) if path is not None else f"datasets:{where}"
   report = LoadReport(source=source, location=location)
-  records, unit = _open_records(path, report, split) if path else _open_hub(source, split)
+  records, unit = _open_records(path, report, split) if path else _open_hub(name, subset, split)
 
   rows: list[dict] = []
   for pos, obj, err in records:

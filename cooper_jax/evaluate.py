@@ -357,7 +357,8 @@ def main(argv=None) -> dict:
   p.add_argument(
     "--benchmarks",
     default=DEFAULT_BENCHMARKS,
-    help="comma-separated registry names or .jsonl paths",
+    help="comma-separated registry names, local files, or datasets as NAME:SPLIT / "
+    "NAME:SUBSET:SPLIT (a hub name or a local datasets folder)",
   )
   p.add_argument("--limit", type=int, default=None, help="first N problems per benchmark")
   p.add_argument("--samples", type=int, default=8)

@@ -2,11 +2,12 @@
 
 import json
 import logging
+from pathlib import Path
 
 import datasets
 import pytest
 
-from cooper_jax.data import REGISTRY, PromptIterator, load_qa, to_dataset
+from cooper_jax.data import REGISTRY, PromptIterator, load_qa, parse_source, to_dataset
 
 
 @pytest.fixture
@@ -88,19 +89,79 @@ def test_registry_split_argument_and_content():
 def test_hub_path(monkeypatch):
   calls = []
 
-  def fake_load(name, split=None):
-    calls.append((name, split))
+  def fake_load(name, subset=None, split=None):
+    calls.append((name, subset, split))
     if name == "org/missing":
       raise ConnectionError("no network")
     return datasets.Dataset.from_list([{"q": "x", "a": 3}])
 
   monkeypatch.setattr(datasets, "load_dataset", fake_load)
   rows, rep = load_qa("org/ds", split="test", question_key="q", answer_key="a")
-  assert rows[0]["answer"] == "3" and calls == [("org/ds", "test")]
-  with pytest.raises(RuntimeError, match="hub failed"):
-    load_qa("org/missing", split="test")
-  with pytest.raises(ValueError, match="split"):
+  assert rows[0]["answer"] == "3" and calls[-1] == ("org/ds", None, "test")
+  load_qa("org/ds:main:train", question_key="q", answer_key="a")
+  assert calls[-1] == ("org/ds", "main", "train")
+  with pytest.raises(RuntimeError, match="load_dataset. failed: no network"):
+    load_qa("org/missing:test")
+  with pytest.raises(ValueError, match="NAME:SPLIT"):
     load_qa("org/ds")
+  with pytest.raises(ValueError, match="names split 'train', the caller 'test'"):
+    load_qa("org/ds:train", split="test")
+
+
+@pytest.mark.parametrize(
+  "source,want",
+  [
+    ("gsm8k/test", ("gsm8k/test", None, None)),
+    ("openai/gsm8k:main:train", ("openai/gsm8k", "main", "train")),
+    ("HuggingFaceH4/MATH-500:test", ("HuggingFaceH4/MATH-500", None, "test")),
+  ],
+)
+def test_parse_source(source, want):
+  assert parse_source(source) == want
+
+
+@pytest.mark.parametrize("bad", ["a:b:c:d", "org/ds:", ":test", "org/ds::test"])
+def test_parse_source_names_a_bad_form(bad):
+  with pytest.raises(ValueError, match="NAME:SUBSET:SPLIT"):
+    parse_source(bad)
+
+
+def write_datasets_folders(root: Path) -> tuple[Path, Path]:
+  """(a save_to_disk DatasetDict with train/test, a hub-repo layout with subsets 'main' and
+  'other' as README configs), both with question/answer columns; test and CLI fixtures."""
+  rows = lambda tag, n: [{"question": f"{tag} {i}", "answer": str(i)} for i in range(n)]
+  saved = root / "saved"
+  datasets.DatasetDict(
+    train=datasets.Dataset.from_list(rows("saved-train", 5)),
+    test=datasets.Dataset.from_list(rows("saved-test", 3)),
+  ).save_to_disk(str(saved))
+  repo = root / "repo"
+  for subset, n in (("main", 4), ("other", 2)):
+    (repo / subset).mkdir(parents=True)
+    for split in ("train", "test"):
+      datasets.Dataset.from_list(rows(f"{subset}-{split}", n)).to_parquet(
+        str(repo / subset / f"{split}-00000-of-00001.parquet")
+      )
+  configs = "".join(
+    f"- config_name: {s}\n  data_files:\n  - split: train\n    path: {s}/train-*\n"
+    f"  - split: test\n    path: {s}/test-*\n"
+    for s in ("main", "other")
+  )
+  (repo / "README.md").write_text(f"---\nconfigs:\n{configs}---\n")
+  return saved, repo
+
+
+def test_local_datasets_folders(tmp_path):
+  saved, repo = write_datasets_folders(tmp_path)
+  rows, rep = load_qa(f"{saved}:test")
+  assert [r["question"] for r in rows] == ["saved-test 0", "saved-test 1", "saved-test 2"]
+  assert rep.location == f"datasets:{saved}:test"
+  rows, _ = load_qa(f"{repo}:other:train")
+  assert [r["question"] for r in rows] == ["other-train 0", "other-train 1"]
+  rows, _ = load_qa(f"{repo}:main:test", limit=2)
+  assert [r["answer"] for r in rows] == ["0", "1"]
+  with pytest.raises(ValueError, match=r"split 'validation' not in its splits \['test', 'train'\]"):
+    load_qa(f"{saved}:validation")
 
 
 def _drain(it, sizes):
