@@ -27,6 +27,7 @@ REGISTRY = {
   "math500/test": "math500/test.jsonl",
   "svamp/test": "svamp/test.jsonl",
   "olympiadbench/test": "olympiadbench/test.jsonl",
+  "odyssey_math/test": "odyssey_math/test.jsonl",
 }
 _LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 

@@ -28,6 +28,7 @@ from cooper_jax.checkpoint import load_policy_for_eval
 from cooper_jax.data import load_qa
 from cooper_jax.io import atomic_write, atomic_write_json
 from cooper_jax.prompts import INSTRUCTION_SUFFIX, build_prompts, padded_batches
+from cooper_jax.rewards.choices import accepted_references
 from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.sampling import sample
 from cooper_jax.stats import bootstrap_ci, bootstrap_ci_average
@@ -36,7 +37,8 @@ from cooper_jax.weights import load_pretrained
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BENCHMARKS = "gsm8k/test,svamp/test,math500/test,olympiadbench/test"
+# Table 3 of the paper: GSM8K, SVAMP, MATH500, OlympiadBench-EN, Math Odyssey.
+DEFAULT_BENCHMARKS = "gsm8k/test,svamp/test,math500/test,olympiadbench/test,odyssey_math/test"
 _COMPILED: dict = {}  # AOT executables, reused across evaluate_model calls (periodic eval)
 
 
@@ -114,7 +116,7 @@ def _eval_benchmark(
   bar.close()
 
   completions = [tokenizer.decode(toks_all[i][mask_all[i]].tolist()) for i in range(n_roll)]
-  refs = [str(rows[q]["answer"]) for q in order]
+  refs = [accepted_references(rows[q]) for q in order]
   t0 = time.perf_counter()
   res = verifier.verify(completions, refs, deadline_s)
   verify_s = time.perf_counter() - t0
@@ -133,7 +135,7 @@ def _eval_benchmark(
       "benchmark": name,
       "sample": int(r % samples),
       "completion": completions[r],
-      "answer": refs[r],
+      "answer": str(rows[q]["answer"]),
       "pred": res.pred[r] if getattr(res, "pred", None) else None,
       "correct": bool(res.correct[r]),
       "status": res.status[r],

@@ -71,6 +71,7 @@ def test_limit_custom_keys_and_other_formats(tmp_path):
     ("math500/test", 500),
     ("svamp/test", 1000),
     ("olympiadbench/test", 675),
+    ("odyssey_math/test", 387),
   ],
 )
 def test_registry_row_counts(name, count):

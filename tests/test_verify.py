@@ -173,3 +173,28 @@ def test_shipped_references_verify_against_themselves(pool):
   r = pool.verify([f"The final answer is $\\boxed{{{a}}}$." for a in refs], refs)
   assert r.counts["ok"] == len(refs) == 950
   assert r.correct.all()
+
+
+def test_option_letter_answers_accept_the_letter_or_its_value_only(pool):
+  """Math Odyssey: all 387 references verify against themselves; each of the 127 option-letter
+  answers also accepts its option's value boxed, and rejects another option's value."""
+  from cooper_jax.rewards.choices import (  # pylint: disable=import-outside-toplevel
+    accepted_references,
+    option_values,
+  )
+
+  with open(DATA / "odyssey_math/test.jsonl", encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f]
+  refs = [accepted_references(r) for r in rows]
+  r = pool.verify([f"So $\\boxed{{{x['answer']}}}$." for x in rows], refs)
+  assert r.counts["ok"] == 387 and r.correct.all()
+  letters = [(x, ref) for x, ref in zip(rows, refs) if isinstance(ref, tuple)]
+  assert len(letters) == 127
+  right = pool.verify([f"So $\\boxed{{{ref[1]}}}$." for _, ref in letters], [t for _, t in letters])
+  assert right.correct.all()
+  other = [
+    next(v for k, v in option_values(x["question"]).items() if k != x["answer"] and v != ref[1])
+    for x, ref in letters
+  ]
+  wrong = pool.verify([f"So $\\boxed{{{v}}}$." for v in other], [t for _, t in letters])
+  assert not wrong.correct.any()

@@ -115,9 +115,12 @@ def _any_equal(gold: list, pred: list) -> bool:
   return False
 
 
-def verify_one(completion: str, reference: str) -> tuple[str, bool, str | None]:
-  """Default worker function: (status, correct, pred_string) for one completion."""
-  gold = parse_reference(reference)
+def verify_one(completion: str, reference) -> tuple[str, bool, str | None]:
+  """Default worker function: (status, correct, pred_string) for one completion. reference:
+  a string, or a tuple of accepted ones (an option letter and its value,
+  rewards.choices.accepted_references): correct if the answer equals any of them."""
+  refs = reference if isinstance(reference, tuple) else (reference,)
+  gold = [g for ref in refs for g in parse_reference(ref)]
   pred = extract_answer(completion)
   if not gold:
     return "ref_parse_error", False, answer_string(pred)
@@ -230,6 +233,11 @@ class _Worker:
   job_started: float = 0.0
 
 
+def _text(x):
+  """A string item as a string; a tuple of accepted references stays a tuple of strings."""
+  return tuple(str(v) for v in x) if isinstance(x, tuple) else str(x)
+
+
 def _count(statuses: list[str]) -> dict[str, int]:
   counts = dict.fromkeys(STATUSES, 0)
   for s in statuses:
@@ -339,7 +347,7 @@ class RuleVerifier:
           if w.ready and w.job is None and pending:
             j = pending.popleft()
             try:
-              w.conn.send((j, op, str(a_list[j]), str(b_list[j]), soft_s))
+              w.conn.send((j, op, _text(a_list[j]), _text(b_list[j]), soft_s))
             except OSError:  # died while idle (e.g. OOM-killed): retry elsewhere
               pending.appendleft(j)
               restarts += 1
@@ -414,9 +422,10 @@ class RuleVerifier:
 
   # ---- public API ------------------------------------------------------------------------
   def verify(
-    self, completions: list[str], references: list[str], deadline_s: float = 5.0
+    self, completions: list[str], references: list, deadline_s: float = 5.0
   ) -> VerifyResult:
-    """Check each completion against its reference; per-item deadline in seconds."""
+    """Check each completion against its reference (a string, or a tuple of accepted ones:
+    rewards.choices.accepted_references); per-item deadline in seconds."""
     t0 = time.monotonic()
     with self._lock:
       completions, references = list(completions), list(references)
