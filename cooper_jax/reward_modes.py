@@ -204,6 +204,8 @@ class CooperReward(StaticRMReward):
         max_tries=c.pairs.max_tries,
         deadline_s=c.verifier.deadline_s,
         accept_no_answer=c.pairs.accept_no_answer,
+        seed=(c.seed, step),
+        prompt_ids=ro.index[::group] // group,
       )
     reasons = list(stats["rejects"])
     counts = [stats["n_valid"], stats["n_prompts"], stats["negative_tries"]]
@@ -341,6 +343,7 @@ def _assistant(c, mesh) -> dict:
     temperature=c.pairs.assistant_temperature,
     max_new_tokens=c.pairs.assistant_max_new_tokens,
     prompt_format=c.pairs.rewrite_format,
+    mesh=mesh,  # sampled as global arrays, each process its own rows (N processes too)
   )
 
 

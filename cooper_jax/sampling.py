@@ -99,6 +99,11 @@ def _token_logprob(x_bv, tok_b):
   return picked_b - jax.nn.logsumexp(x_bv, axis=-1)
 
 
+def _per_row(rng) -> bool:
+  """A [rows] array of typed keys (a raw uint32 key of shape (2,) is one key)."""
+  return jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and rng.ndim > 0
+
+
 def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
   if temperature == 0.0:
     tok_b = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
@@ -108,7 +113,12 @@ def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
   # cheaper on a CPU but made a token depend on the cumulative mass before it, so the
   # float-level logit differences between mesh layouts flipped tokens (2 processes vs 1
   # diverged at step 3); a Gumbel argmax flips only on near-ties (BUILD.md, Performance).
-  tok_b = jax.random.categorical(rng, _filter_logits(scaled_bv, top_p, top_k)).astype(jnp.int32)
+  filtered_bv = _filter_logits(scaled_bv, top_p, top_k)
+  if _per_row(rng):  # one key per row: a row's draw does not depend on where the row sits
+    tok_b = jax.vmap(jax.random.categorical)(rng, filtered_bv)
+  else:
+    tok_b = jax.random.categorical(rng, filtered_bv)
+  tok_b = tok_b.astype(jnp.int32)
   return tok_b, _token_logprob(scaled_bv, tok_b)
 
 
@@ -215,7 +225,9 @@ def decode_step(
   (static; default all; they must cover the filled ones)."""
   i, logits_bv, done_b = state.step, state.logits_bv, state.done_b
   eos = jnp.asarray(eos_ids if eos_ids else [-1], jnp.int32)
-  tok_b, logp_b = _pick(logits_bv, jax.random.fold_in(rng, i), temperature, top_p, top_k)
+  fold = jax.vmap(jax.random.fold_in, (0, None)) if _per_row(rng) else jax.random.fold_in
+  step_rng = fold(rng, i)
+  tok_b, logp_b = _pick(logits_bv, step_rng, temperature, top_p, top_k)
   live_b = ~done_b
   out_tok = state.tokens.at[:, i].set(jnp.where(live_b, tok_b, pad_id))
   out_logp = state.logprobs.at[:, i].set(jnp.where(live_b, logp_b, 0.0))
@@ -265,6 +277,11 @@ def sample(
   weights_sharding: jax.sharding.Sharding | None = None,
 ) -> SampleOutput:
   """Samples max_new_tokens after left-padded prompts; deterministic for a given rng.
+
+  rng: one key for the batch, or a [rows] array of keys, one per output row (with
+  group_size 1), so that a row's sample depends on its own key and not on its position in the
+  batch: what lets N processes batch their rows differently and draw what one process draws
+  (the llm_rewrite assistant, rewards.pairs).
 
   group_size G > 1: `tokens_bp` holds each prompt once ([u, p]) and G samples are drawn per
   prompt (output rows u * G, prompt-major, as GRPO groups). Each prompt is prefilled once and

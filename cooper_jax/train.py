@@ -462,11 +462,6 @@ def _check_processes(c) -> None:
       f"config.rollout.sample_batch_size={c.rollout.sample_batch_size} must be a multiple of "
       f"processes x group_size = {n * c.rollout.group_size}"
     )
-  if c.reward_mode == "cooper" and c.pairs.negatives == "llm_rewrite":
-    raise ValueError(
-      "config.pairs.negatives='llm_rewrite' runs the assistant on each process's own pairs, "
-      "which is not wired for several processes yet: use 'perturb', or one process"
-    )
 
 
 def main(argv):

@@ -265,3 +265,52 @@ def test_corrupt_newest_step_is_moved_aside_and_saved_again(tmp_path):
   again = read_metrics(workdir)
   assert [r["step"] for r in again] == [1, 2, 3, 4]
   assert _comparable(again[:3]) == _comparable(first)  # step 3 re-trained identically
+
+
+def test_llm_rewrite_two_processes_match_one(tmp_path):
+  """The paper's negative generator across processes: with the small task's policy (it gets
+  answers right, so positives form) and its shipped assistant, 2 processes x 2 devices and
+  1 x 4 train alike: each process rewrites the positives of its own groups in one global
+  assistant batch, every row drawn with its own key. rollout/sampler_compiles and
+  rm/pair_rows count shapes, which follow the process layout."""
+  small = ROOT / "experiments" / "small_task.py"
+
+  def runner(workdir, n_proc, devices):
+    def cmd(i, port):
+      c = [
+        sys.executable,
+        "-m",
+        "cooper_jax.train",
+        f"--config={small}:cooper_rewrite",
+        f"--workdir={workdir}",
+        "--config.train.steps=2",
+        "--config.train.eval_every=0",
+        "--config.rollout.prompts_per_step=4",
+      ]
+      if n_proc > 1:
+        c += [
+          f"--config.distributed.coordinator_address=localhost:{port}",
+          f"--config.distributed.num_processes={n_proc}",
+          f"--config.distributed.process_id={i}",
+          f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_S}",
+          "--config.distributed.initialization_timeout_s=120",
+        ]
+      return c
+
+    _wait(_spawn(workdir, n_proc, devices, cmd), workdir, timeout=480)
+    return read_metrics(workdir)
+
+  one, two = runner(tmp_path / "one", 1, 4), runner(tmp_path / "two", 2, 2)
+  assert sum(r["pairs/negative_tries"] for r in one) > 0
+  assert sum(r["pairs/n_valid"] for r in one) > 0  # rewrites were accepted: the RM trained
+  drop = lambda rows: [
+    {k: v for k, v in r.items() if k != "rollout/sampler_compiles"} for r in rows
+  ]
+  diff = _max_metric_diff(drop(one), drop(two))
+  print(f"max |metric difference| over 2 steps: {diff:.3g}")
+  assert diff < 1e-5
+  pa, pb = _params(tmp_path / "one", 2), _params(tmp_path / "two", 2)
+  diffs = jax.tree.leaves(jax.tree.map(lambda x, y: np.abs(x - y).ravel(), pa, pb))
+  diffs = np.concatenate([d.astype(np.float64) for d in diffs])
+  print(f"parameters + optimizer state: max |diff| {diffs.max():.3g}")
+  assert diffs.max() < 1e-4 and (diffs > 1e-5).sum() <= 10  # the bounds of the test above

@@ -7,7 +7,11 @@ is accepted only when math-verify says its final answer differs from the positiv
 without a pair is counted with its reason: nothing is dropped silently.
 
 Negative generators share one interface, `generate(questions, positives, attempt, rng)`,
-called only on the rows still lacking an accepted negative:
+called only on the rows still lacking an accepted negative (a generator with
+`per_row_seeds = True` also gets `row_seeds`, one seed per row from (run seed, step, attempt,
+global prompt index), so its draws do not depend on how rows are batched; one with
+`collective = True` is called by every process the same number of times, possibly with no
+rows):
   - `PerturbNegatives`: model-free, rewrites the final answer's numbers (fast; for tests,
     CPU runs and as an ablation of the paper's choice);
   - `LLMRewriteNegatives`: the paper's choice, a frozen assistant LLM asked to rewrite the
@@ -28,6 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
+from cooper_jax import distributed as dist
 from cooper_jax.rewards.verify import RuleVerifier, last_boxed_span
 
 REJECT_REASONS = ("same_answer", "no_answer", "timeout", "error", "empty")
@@ -82,6 +87,12 @@ class NegativeGenerator(Protocol):
   def generate(
     self, questions: list[str], positives: list[str], attempt: int, rng: np.random.Generator
   ) -> list[str]: ...
+
+
+def row_seed(seed, attempt: int, prompt_id: int) -> int:
+  """A negative's sampling seed: a function of (run seed and step, attempt, global prompt
+  index) only, the same in a 1-process and an N-process run."""
+  return int(np.random.SeedSequence([*seed, attempt, prompt_id]).generate_state(1)[0])
 
 
 # A number as written in a solution: "18", "70,000", "0.5". Not preceded by a letter, "_" or
@@ -227,9 +238,18 @@ class LLMRewriteNegatives:
   own budget, as the per-request max_tokens of the reference code would. Rows are padded to
   a power of two and prompts to a multiple of `batch_pad_multiple` tokens, so retries on a
   few rows reuse a handful of compiled shapes.
+
+  With a `mesh` (the training run's) the assistant's params are global arrays and each call
+  is collective: every process brings its own rows (those of the groups it holds), the row
+  count, prompt width and token budget are agreed over processes (the largest, rows padded
+  to a power of two that the process's batch devices divide), the prompts become one global
+  array with each process's rows on its own devices, and each process reads back its rows.
+  Every row is drawn with its own key (`row_seeds`), so a row's rewrite does not depend on
+  the batch it sits in: N processes draw what one draws.
   """
 
   name = "llm_rewrite"
+  per_row_seeds = True
 
   def __init__(
     self,
@@ -242,6 +262,7 @@ class LLMRewriteNegatives:
     batch_pad_multiple: int = 64,
     top_p: float = 1.0,
     prompt_format: str = "paper",
+    mesh=None,
   ):
     if max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -251,6 +272,8 @@ class LLMRewriteNegatives:
     self.cfg, self.params, self.tokenizer = cfg, params, tokenizer
     self.temperature, self.top_p = temperature, top_p
     self.max_new_tokens, self.batch_pad_multiple = max_new_tokens, batch_pad_multiple
+    self.mesh = mesh
+    self.collective = mesh is not None
 
   def chat_prompts(self, questions: list[str], positives: list[str]) -> list[str]:
     return [
@@ -259,35 +282,90 @@ class LLMRewriteNegatives:
     ]
 
   def generate(
-    self, questions: list[str], positives: list[str], attempt: int, rng: np.random.Generator
+    self,
+    questions: list[str],
+    positives: list[str],
+    attempt: int,
+    rng: np.random.Generator,
+    row_seeds: list[int] | None = None,
   ) -> list[str]:
-    import jax  # pylint: disable=import-outside-toplevel
-
-    from cooper_jax.sampling import generate  # pylint: disable=import-outside-toplevel
-
     del attempt  # a fresh sample per try is what the reference code retries with
     n = len(positives)
-    if n == 0:
+    if n == 0 and not self.collective:
       return []
     budgets = [min(self.max_new_tokens, rewrite_token_budget(p)) for p in positives]
-    prompts = self.chat_prompts(questions, positives)
-    rows = 1 << (n - 1).bit_length()
-    prompts += [prompts[-1]] * (rows - n)  # filler rows, discarded below
-    key = jax.random.key(int(rng.integers(2**31 - 1)))
-    _, out = generate(
-      self.cfg,
-      self.params,
-      self.tokenizer,
-      prompts,
-      key,
-      max_new_tokens=max(budgets),
-      temperature=self.temperature,
-      top_p=self.top_p,
-      chat=False,
+    if row_seeds is None:
+      row_seeds = [int(x) for x in rng.integers(2**31 - 1, size=n)]
+    if self.collective:
+      toks, mask = self._sample_global(self.chat_prompts(questions, positives), budgets, row_seeds)
+    else:
+      toks, mask = self._sample_local(self.chat_prompts(questions, positives), budgets, row_seeds)
+    return [self.tokenizer.decode(toks[i][mask[i]][: budgets[i]].tolist()) for i in range(n)]
+
+  def _sample_local(self, prompts, budgets, row_seeds):
+    import jax  # pylint: disable=import-outside-toplevel
+
+    rows = 1 << (len(prompts) - 1).bit_length()
+    tokens, mask = self.tokenizer.encode_prompts(
+      prompts + [prompts[-1]] * (rows - len(prompts)),  # filler rows, discarded
       pad_to_multiple=self.batch_pad_multiple,
     )
-    toks, mask = np.asarray(out.tokens), np.asarray(out.mask)
-    return [self.tokenizer.decode(toks[i][mask[i]][: budgets[i]].tolist()) for i in range(n)]
+    seeds = np.zeros(rows, np.uint32)
+    seeds[: len(row_seeds)] = row_seeds
+    out = self._sample(tokens, mask, jax.vmap(jax.random.key)(seeds), max(budgets))
+    return np.asarray(out.tokens), np.asarray(out.mask)
+
+  def _sample_global(self, prompts, budgets, row_seeds):
+    """The collective path (see the class doc): this process's rows of one global batch."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from cooper_jax import sharding  # pylint: disable=import-outside-toplevel
+
+    n, procs = len(prompts), dist.process_count()
+    per_proc = max(1, self.mesh.shape["data"] * self.mesh.shape["fsdp"] // procs)
+    # One allgather agrees on rows, prompt width and budget (each the largest of any process).
+    filler = self.chat_prompts([""], [""])[0]
+    tokens, mask = self.tokenizer.encode_prompts(
+      prompts or [filler], pad_to_multiple=self.batch_pad_multiple
+    )
+    n_max, width, budget = (
+      int(v)
+      for v in dist.allgather(np.asarray([n, tokens.shape[1], max(budgets, default=1)])).max(0)
+    )
+    rows = 1 << (max(n_max, 1) - 1).bit_length()
+    rows = -(-rows // per_proc) * per_proc
+    tokens, mask = self.tokenizer.encode_prompts(
+      (prompts or [filler]) + [(prompts or [filler])[-1]] * (rows - max(n, 1)),
+      pad_to_multiple=self.batch_pad_multiple,
+    )
+    pad = width - tokens.shape[1]  # left padding up to the agreed width
+    tokens = np.pad(tokens, ((0, 0), (pad, 0)), constant_values=self.tokenizer.pad_id)
+    mask = np.pad(mask, ((0, 0), (pad, 0)))
+    seeds = np.zeros(rows, np.uint32)
+    seeds[:n] = row_seeds
+    shape = (rows * procs,)
+    rows_sh = sharding.batch_sharding(self.mesh, 1)
+    put = lambda x, sh: dist.put_local_rows(x, sh, shape + x.shape[1:])
+    bs = sharding.batch_sharding(self.mesh)
+    keys = jax.jit(jax.vmap(jax.random.key), out_shardings=rows_sh)(put(seeds, rows_sh))
+    out = self._sample(put(tokens, bs), put(mask, bs), keys, budget)
+    return dist.fetch_local_rows(out.tokens), dist.fetch_local_rows(out.mask)
+
+  def _sample(self, tokens, mask, keys, max_new_tokens):
+    from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
+
+    return sample(
+      self.params,
+      tokens,
+      mask,
+      keys,
+      cfg=self.cfg,
+      max_new_tokens=max_new_tokens,
+      temperature=self.temperature,
+      top_p=self.top_p,
+      eos_ids=tuple(self.tokenizer.eos_ids),
+      pad_id=self.tokenizer.pad_id,
+    )
 
 
 def make_negative_generator(name: str, **kw) -> NegativeGenerator:
@@ -365,8 +443,15 @@ def build_pairs(
   max_tries: int = 3,
   deadline_s: float = 5.0,
   accept_no_answer: bool = False,
+  seed: tuple[int, ...] | None = None,
+  prompt_ids=None,
 ) -> tuple[PairBatch, dict]:
   """(PairBatch, stats) from one RL step's rollouts.
+
+  seed (the run's seed and step) and prompt_ids (each local prompt's index in the step's
+  global batch; default 0..n-1): give a `per_row_seeds` generator its `row_seeds`. A
+  `collective` generator is called by every process at every attempt while any process still
+  has rows without a negative.
 
   questions/references: one per prompt; completions/correct_b: n_prompts * group_size
   rollouts, prompt-major. stats: n_prompts, n_with_positive, n_valid, valid_pair_rate
@@ -393,12 +478,17 @@ def build_pairs(
   restarts0 = verifier.total_restarts
 
   pending = [p for p in range(n) if pos_idx[p] >= 0]
+  collective = getattr(negatives, "collective", False)
+  ids = np.arange(n) if prompt_ids is None else np.asarray(prompt_ids)
   for attempt in range(max_tries):
-    if not pending:
+    if not (dist.any_process(bool(pending)) if collective else pending):
       break
+    kw = {}
+    if seed is not None and getattr(negatives, "per_row_seeds", False):
+      kw["row_seeds"] = [row_seed(seed, attempt, int(ids[p])) for p in pending]
     t0 = time.monotonic()
     cands = negatives.generate(
-      [questions[p] for p in pending], [positives[p] for p in pending], attempt, rng
+      [questions[p] for p in pending], [positives[p] for p in pending], attempt, rng, **kw
     )
     gen_s += time.monotonic() - t0
     if len(cands) != len(pending):
