@@ -40,18 +40,22 @@ def _launch(workdir, n_proc, devices, *overrides, steps):
   """Starts n_proc training processes (devices CPU devices each); returns the Popens."""
 
   def cmd(i, port):
-    c = train_cmd(workdir, steps, *COMMON, *overrides)
-    if n_proc > 1:
-      c += [
-        f"--config.distributed.coordinator_address=localhost:{port}",
-        f"--config.distributed.num_processes={n_proc}",
-        f"--config.distributed.process_id={i}",
-        f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_S}",
-        "--config.distributed.initialization_timeout_s=120",
-      ]
-    return c
+    return train_cmd(workdir, steps, *COMMON, *overrides) + _dist_flags(i, port, n_proc)
 
   return _spawn(workdir, n_proc, devices, cmd)
+
+
+def _dist_flags(i, port, n_proc) -> list[str]:
+  """Process i's --config.distributed flags (none for a single process)."""
+  if n_proc == 1:
+    return []
+  return [
+    f"--config.distributed.coordinator_address=localhost:{port}",
+    f"--config.distributed.num_processes={n_proc}",
+    f"--config.distributed.process_id={i}",
+    f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_S}",
+    "--config.distributed.initialization_timeout_s=120",
+  ]
 
 
 def _spawn(workdir, n_proc, devices, cmd):
@@ -277,7 +281,7 @@ def test_llm_rewrite_two_processes_match_one(tmp_path):
 
   def runner(workdir, n_proc, devices):
     def cmd(i, port):
-      c = [
+      return [
         sys.executable,
         "-m",
         "cooper_jax.train",
@@ -286,16 +290,7 @@ def test_llm_rewrite_two_processes_match_one(tmp_path):
         "--config.train.steps=2",
         "--config.train.eval_every=0",
         "--config.rollout.prompts_per_step=4",
-      ]
-      if n_proc > 1:
-        c += [
-          f"--config.distributed.coordinator_address=localhost:{port}",
-          f"--config.distributed.num_processes={n_proc}",
-          f"--config.distributed.process_id={i}",
-          f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_S}",
-          "--config.distributed.initialization_timeout_s=120",
-        ]
-      return c
+      ] + _dist_flags(i, port, n_proc)
 
     _wait(_spawn(workdir, n_proc, devices, cmd), workdir, timeout=480)
     return read_metrics(workdir)
