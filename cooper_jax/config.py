@@ -14,11 +14,11 @@ from pathlib import Path
 import ml_collections
 from ml_collections import config_dict
 
+from cooper_jax import registry
 from cooper_jax.models import REMAT_CHOICES
 from cooper_jax.optim import SCHEDULES
 from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
-REWARD_MODES = ("rule", "static_rm", "cooper")
 DECODE_WEIGHTS = ("sharded", "replicated")  # rollout.decode_weights
 
 
@@ -257,8 +257,7 @@ def _positive(c, *keys):
 
 def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None:
   """Raises ValueError naming the offending key."""
-  if c.reward_mode not in REWARD_MODES:
-    raise ValueError(f"config.reward_mode={c.reward_mode!r}: expected one of {REWARD_MODES}")
+  registry.check("reward_mode", c.reward_mode)
   _positive(
     c,
     "rollout.prompts_per_step",
@@ -345,11 +344,7 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError("config.pairs.positive_check='rule+chain' applies to made negatives only")
   if c.pairs.positive not in ("first", "random"):
     raise ValueError(f"config.pairs.positive={c.pairs.positive!r}: expected 'first' or 'random'")
-  if c.pairs.negatives not in ("perturb", "llm_rewrite", "on_policy"):
-    raise ValueError(
-      f"config.pairs.negatives={c.pairs.negatives!r}: expected 'perturb', 'llm_rewrite' or "
-      "'on_policy'"
-    )
+  registry.check("pairs.negatives", c.pairs.negatives)
   if c.data.on_bad_row not in ("raise", "skip"):
     raise ValueError(f"config.data.on_bad_row={c.data.on_bad_row!r}: expected 'raise' or 'skip'")
   for axis in ("data", "fsdp", "tensor"):

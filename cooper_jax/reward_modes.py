@@ -1,4 +1,5 @@
-"""The three reward modes of a run, one small class each (what differs per step, in one table):
+"""The three reward modes of a run, one small class each (what differs per step, in one table;
+`config.reward_mode` selects one by name through cooper_jax.registry, where others plug in):
 
 | mode      | reward of a rollout            | after the policy step                         |
 |-----------|--------------------------------|-----------------------------------------------|
@@ -23,20 +24,19 @@ so all processes agree (cooper_jax/distributed.py).
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import jax
 import numpy as np
 
 from cooper_jax import distributed as dist
-from cooper_jax import optim, sharding, steps
+from cooper_jax import optim, registry, sharding, steps
 from cooper_jax.io import read_jsonl
 from cooper_jax.metrics import reward_hacking_monitors
 from cooper_jax.prompts import encode_rm_inputs
-from cooper_jax.rewards.pairs import build_on_policy_pairs, build_pairs, make_negative_generator
+from cooper_jax.rewards.pairs import build_on_policy_pairs, build_pairs
 from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.tokenizer import load_tokenizer
-from cooper_jax.weights import load_from_config, load_pretrained
+from cooper_jax.weights import load_from_config
 
 RM_PAD_MULTIPLE = 64  # RM input widths: a few compiled shapes instead of one per batch
 
@@ -59,9 +59,16 @@ class Rollouts:
 
 
 class RuleReward:
-  """reward = the rule verifier's verdict; no RM."""
+  """reward = the rule verifier's verdict; no RM. The interface of every reward source
+  (cooper_jax.registry): built as cls(c, mesh, verifier); `state` is what the checkpoint
+  holds next to the policy (None: nothing); `trains_rm`: `update` takes optimizer steps on
+  `state` (its lr schedule is config.rm.optim)."""
 
   state = None  # no RM train state to checkpoint
+  trains_rm = False
+
+  def __init__(self, c=None, mesh=None, verifier: RuleVerifier | None = None):
+    del c, mesh, verifier
 
   def rewards(self, ro: Rollouts) -> tuple[np.ndarray, dict]:
     """(reward of every rollout of the global batch, metrics)."""
@@ -81,7 +88,8 @@ class RuleReward:
 class StaticRMReward(RuleReward):
   """reward = sigmoid(score) of the reference-based RM, which stays as loaded."""
 
-  def __init__(self, c, mesh):
+  def __init__(self, c, mesh, verifier: RuleVerifier | None = None):
+    del verifier
     self.c, self.mesh = c, mesh
     self.cfg, params, tok_src = load_from_config(c.rm, "score", c.seed + 1)
     self.tokenizer = load_tokenizer(tok_src)
@@ -165,13 +173,14 @@ class CooperReward(StaticRMReward):
   """The RM reward, and after each policy step one RM step on (positive, negative) pairs built
   from the step's own rollouts (rule-verified positive, generated negative)."""
 
+  trains_rm = True
+
   def __init__(self, c, mesh, verifier: RuleVerifier):
     super().__init__(c, mesh)
     self.verifier = verifier
-    self.negatives = None  # on_policy: the group's rejected rollouts, no generator
-    if c.pairs.negatives != "on_policy":
-      kw = _assistant(c, mesh) if c.pairs.negatives == "llm_rewrite" else {}
-      self.negatives = make_negative_generator(c.pairs.negatives, **kw)
+    # None (on_policy): the group's own rule-rejected rollouts, no generator.
+    generator = registry.resolve("pairs.negatives", c.pairs.negatives)
+    self.negatives = None if generator is None else generator.from_config(c, mesh)
     self._rm_steps = {}  # one jitted rm_step per pair-row count (see pair_rows)
 
   @staticmethod
@@ -321,30 +330,8 @@ def pair_rows(k_max: int, n_local: int, unit: int) -> int:
 
 
 def make_reward_mode(c, mesh, verifier: RuleVerifier) -> RuleReward:
-  if c.reward_mode == "rule":
-    return RuleReward()
-  if c.reward_mode == "static_rm":
-    return StaticRMReward(c, mesh)
-  if c.reward_mode == "cooper":
-    return CooperReward(c, mesh, verifier)
-  raise ValueError(f"config.reward_mode={c.reward_mode!r}: expected rule, static_rm or cooper")
-
-
-def _assistant(c, mesh) -> dict:
-  """The `llm_rewrite` assistant: loaded in the configured dtype and sharded over the mesh like
-  the policy (a 7B model in float32 on one device does not fit an accelerator)."""
-  dtype = c.pairs.assistant_dtype
-  cfg, params = load_pretrained(c.pairs.assistant_model, dtype=dtype, param_dtype=dtype)
-  logging.info("assistant %s: %s, sharded over %s", c.pairs.assistant_model, dtype, mesh.shape)
-  return dict(
-    cfg=cfg,
-    params=sharding.shard_tree(params, mesh),
-    tokenizer=load_tokenizer(c.pairs.assistant_model),
-    temperature=c.pairs.assistant_temperature,
-    max_new_tokens=c.pairs.assistant_max_new_tokens,
-    prompt_format=c.pairs.rewrite_format,
-    mesh=mesh,  # sampled as global arrays, each process its own rows (N processes too)
-  )
+  """The reward source `config.reward_mode` names (cooper_jax.registry)."""
+  return registry.resolve("reward_mode", c.reward_mode)(c, mesh, verifier)
 
 
 def _left_pad_to(tok: np.ndarray, mask: np.ndarray, width: int, pad_id: int):

@@ -101,7 +101,9 @@ class Run:
     self.verifier = RuleVerifier(c.verifier.workers or None)
     self.reward = reward if reward is not None else make_reward_mode(c, self.mesh, self.verifier)
     self.rm_lr = (
-      optim.make_schedule(c.rm.optim, c.train.steps) if c.reward_mode == "cooper" else None
+      optim.make_schedule(c.rm.optim, c.train.steps)
+      if getattr(self.reward, "trains_rm", False)
+      else None
     )
 
     dk = dict(

@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from cooper_jax import registry
 from cooper_jax.prompts import build_rm_input, cut_long_text, encode_rm_inputs
 from cooper_jax.rewards.pairs import (
   REJECT_REASONS,
@@ -14,7 +15,6 @@ from cooper_jax.rewards.pairs import (
   build_on_policy_pairs,
   build_pairs,
   check_negatives,
-  make_negative_generator,
   perturb_solution,
   rewrite_prompt,
   rewrite_token_budget,
@@ -281,10 +281,12 @@ def test_build_pairs_checks_shapes(verifier):
     )
 
 
-def test_factory():
-  assert isinstance(make_negative_generator("perturb"), PerturbNegatives)
-  with pytest.raises(ValueError):
-    make_negative_generator("nope")
+def test_generators_by_name():
+  assert registry.resolve("pairs.negatives", "perturb") is PerturbNegatives
+  assert registry.resolve("pairs.negatives", "llm_rewrite") is LLMRewriteNegatives
+  assert registry.resolve("pairs.negatives", "on_policy") is None
+  with pytest.raises(ValueError, match=r"pairs.negatives='nope': expected one of \['llm_rewrite'"):
+    registry.resolve("pairs.negatives", "nope")
 
 
 # ---- LLM rewrite ---------------------------------------------------------------------------
@@ -307,9 +309,7 @@ def test_rewrite_prompt_is_pure_and_complete():
 
 def test_llm_rewrite_negatives_generate(tiny_smol, verifier):
   cfg, params, tok = tiny_smol
-  gen = make_negative_generator(
-    "llm_rewrite", cfg=cfg, params=params, tokenizer=tok, max_new_tokens=8
-  )
+  gen = LLMRewriteNegatives(cfg, params, tok, max_new_tokens=8)
   assert isinstance(gen, LLMRewriteNegatives) and gen.temperature == 0.7
   qs = ["What is 3*6?", "What is 2+2?", "Name a prime."]
   pos = ["3*6 = \\boxed{18}", "2+2 = \\boxed{4}", "\\boxed{7}"]

@@ -174,6 +174,11 @@ class PerturbNegatives:
 
   name: str = "perturb"
 
+  @classmethod
+  def from_config(cls, c, mesh) -> PerturbNegatives:
+    del c, mesh
+    return cls()
+
   def generate(
     self, questions: list[str], positives: list[str], attempt: int, rng: np.random.Generator
   ) -> list[str]:
@@ -275,6 +280,34 @@ class LLMRewriteNegatives:
     self.mesh = mesh
     self.collective = mesh is not None
 
+  @classmethod
+  def from_config(cls, c, mesh) -> LLMRewriteNegatives:
+    """The config's assistant (pairs.assistant_*), loaded in its dtype and sharded over the
+    run's mesh like the policy (a 7B model in float32 on one device does not fit an
+    accelerator); sampled as global arrays, each process its own rows."""
+    import logging  # pylint: disable=import-outside-toplevel
+
+    from cooper_jax import sharding  # pylint: disable=import-outside-toplevel
+    from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
+    from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
+
+    p = c.pairs
+    cfg, params = load_pretrained(
+      p.assistant_model, dtype=p.assistant_dtype, param_dtype=p.assistant_dtype
+    )
+    logging.info(
+      "assistant %s: %s, sharded over %s", p.assistant_model, p.assistant_dtype, mesh.shape
+    )
+    return cls(
+      cfg,
+      sharding.shard_tree(params, mesh),
+      load_tokenizer(p.assistant_model),
+      temperature=p.assistant_temperature,
+      max_new_tokens=p.assistant_max_new_tokens,
+      prompt_format=p.rewrite_format,
+      mesh=mesh,
+    )
+
   def chat_prompts(self, questions: list[str], positives: list[str]) -> list[str]:
     return [
       rewrite_chat_prompt(self.tokenizer, q, p, self.prompt_format)
@@ -366,16 +399,6 @@ class LLMRewriteNegatives:
       eos_ids=tuple(self.tokenizer.eos_ids),
       pad_id=self.tokenizer.pad_id,
     )
-
-
-def make_negative_generator(name: str, **kw) -> NegativeGenerator:
-  """ "perturb" -> PerturbNegatives(); "llm_rewrite" -> LLMRewriteNegatives(cfg, params,
-  tokenizer, max_new_tokens=..., ...)."""
-  if name == "perturb":
-    return PerturbNegatives(**kw)
-  if name == "llm_rewrite":
-    return LLMRewriteNegatives(**kw)
-  raise ValueError(f"unknown negative generator {name!r} (use 'perturb' or 'llm_rewrite')")
 
 
 # --------------------------------------------------------------------------------------------
