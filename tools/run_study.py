@@ -315,6 +315,7 @@ def report_study(a, seeds, conditions, done, t0, t_build) -> dict:
   metrics = {c: {s: read_metrics(wd[c, s]) for s in seeds} for c in conditions}
   hacking = report.hacking_table(metrics)
   table += "\n" + report.format_hacking_table(hacking)
+  table += "\n" + report.format_greedy_table(metrics, report.comparison_pairs(names))
   by_cond = {c: list(v.values()) for c, v in metrics.items()}
   report.plot_dynamics(by_cond, out / "training_dynamics.png", "small arithmetic task")
   rm_keys = report.plot_rm_stability(by_cond, out / "rm_stability.png", "RM stability")

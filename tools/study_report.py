@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cooper_jax import stats
+
 SMOOTH = 5  # steps in the moving average of per-step training metrics
 HACK_DROP = 0.10  # "hacked": rule and held-out accuracy both fall this far from their peaks
 BASE_COMPARISONS = (
@@ -37,7 +39,8 @@ COLORS = {
 def comparison_pairs(conditions) -> list[tuple[str, str]]:
   """(a, b) pairs to test as a - b: the base comparisons whose conditions are present, then each
   variant vs its own family's reference first (static_rm_* vs static_rm, others vs cooper) and
-  vs the other reference."""
+  vs the other reference; a cooper_X vs its frozen twin static_rm_X (same RM, co-trained or
+  not); and a variant with neither reference present vs rule and untrained."""
   present = set(conditions)
   pairs = [p for p in BASE_COMPARISONS if set(p) <= present]
   for c in conditions:
@@ -45,7 +48,62 @@ def comparison_pairs(conditions) -> list[tuple[str, str]]:
       continue
     refs = ("static_rm", "cooper") if c.startswith("static_rm") else ("cooper", "static_rm")
     pairs += [(c, r) for r in refs if r in present]
+    twin = "static_rm_" + c[len("cooper_") :] if c.startswith("cooper_") else None
+    if twin in present:
+      pairs.append((c, twin))
+    if not any(r in present for r in refs):
+      pairs += [(c, r) for r in ("rule", "untrained") if r in present]
   return pairs
+
+
+def format_greedy_table(metrics: dict[str, dict[int, list[dict]]], pairs) -> str:
+  """The in-run greedy held-out accuracy (config train.eval_*) at the last evaluation, per seed,
+  and seed-paired comparisons of it (the pairs among trained conditions): where a frozen RM
+  degrades the policy's greedy answers, the sampled held-out table can miss it."""
+  final = {
+    c: {s: hacking_row(rows)["eval_acc_final"] for s, rows in by.items()}
+    for c, by in metrics.items()
+  }
+  lines = [
+    "Greedy held-out accuracy at the last in-run evaluation (%; step 0: "
+    + ", ".join(
+      f"{100 * v:.0f}"
+      for v in {hacking_row(r)["eval_acc_step0"] for by in metrics.values() for r in by.values()}
+    )
+    + "):",
+    "",
+    "| condition | per-seed % | mean |",
+    "|---|---|---|",
+  ]
+  for c, by in final.items():
+    vals = [by[s] for s in sorted(by)]
+    if None in vals:
+      continue
+    lines.append(
+      f"| {c} | {', '.join(f'{100 * v:.0f}' for v in vals)} | {100 * np.mean(vals):.1f} |"
+    )
+  rows = []
+  for a, b in pairs:
+    if a not in final or b not in final or len(final[a]) < 2:
+      continue
+    seeds = sorted(final[a])
+    if any(final[x][s] is None for x in (a, b) for s in seeds):
+      continue
+    t = stats.seed_paired_test([final[a][s] for s in seeds], [final[b][s] for s in seeds])
+    diffs = ", ".join(f"{100 * d:+.0f}" for d in t["per_seed_diff"])
+    rows.append(
+      f"| {a} - {b} | {diffs} | {100 * t['mean_diff']:+.1f} | {t['t_test_p']:.3g} | "
+      f"{t['sign_flip_p']:.3g} | {100 * t['mde80']:.1f} |"
+    )
+  if rows:
+    lines += [
+      "",
+      "| comparison (paired by seed) | per-seed diff (points) | mean | t-test p | sign-flip p | "
+      "detectable at 80% power |",
+      "|---|---|---|---|---|---|",
+      *rows,
+    ]
+  return "\n".join(lines) + "\n"
 
 
 def is_rm_condition(name: str) -> bool:
