@@ -320,9 +320,14 @@ def report_study(a, seeds, conditions, done, t0, t_build) -> dict:
   report.plot_dynamics(by_cond, out / "training_dynamics.png", "small arithmetic task")
   rm_keys = report.plot_rm_stability(by_cond, out / "rm_stability.png", "RM stability")
   s0 = seeds[0]
-  static = report.read_rollouts(wd["static_rm", s0]) if ("static_rm", s0) in wd else None
-  coop = report.read_rollouts(wd["cooper", s0]) if ("cooper", s0) in wd else None
-  atomic_write_text(out / "examples.md", report.format_examples(s0, static, coop))
+  # static_rm vs cooper, else the first frozen / co-trained twins (static_rm_X, cooper_X)
+  twins = [("static_rm", "cooper")] + [
+    (c, "cooper_" + c[len("static_rm_") :]) for c in conditions if c.startswith("static_rm_")
+  ]
+  st, co = next(((a, b) for a, b in twins if {a, b} <= set(conditions)), twins[0])
+  static = report.read_rollouts(wd[st, s0]) if (st, s0) in wd else None
+  coop = report.read_rollouts(wd[co, s0]) if (co, s0) in wd else None
+  atomic_write_text(out / "examples.md", report.format_examples(s0, static, coop, names=(st, co)))
   timings = {f"{c}_s{s}": done[c, s]["wall_s"] for c in names for s in seeds}
   wall = time.perf_counter() - t0
   table += (

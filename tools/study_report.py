@@ -36,6 +36,15 @@ COLORS = {
 }
 
 
+def color(cond: str) -> str:
+  """A condition's line colour: its own, else by family (frozen RM: orange / brown, co-trained:
+  green / red / purple ...), never the rule control's blue."""
+  if cond in COLORS:
+    return COLORS[cond]
+  others = ("C1", "C5", "C8") if cond.startswith("static_rm") else ("C2", "C3", "C4", "C6", "C9")
+  return others[sum(map(ord, cond)) % len(others)]
+
+
 def comparison_pairs(conditions) -> list[tuple[str, str]]:
   """(a, b) pairs to test as a - b: the base comparisons whose conditions are present, then each
   variant vs its own family's reference first (static_rm_* vs static_rm, others vs cooper) and
@@ -254,8 +263,8 @@ def _pyplot():
 
 def _panel(ax, runs, key, label, smooth):
   for cond, (x, mean, lo, hi) in curves(runs, key, smooth).items():
-    ax.plot(x, mean, label=cond, color=COLORS.get(cond))
-    ax.fill_between(x, lo, hi, alpha=0.2, color=COLORS.get(cond))
+    ax.plot(x, mean, label=cond, color=color(cond))
+    ax.fill_between(x, lo, hi, alpha=0.2, color=color(cond))
   ax.set_title(label + (f" ({smooth}-step moving avg)" if smooth > 1 else ""), fontsize=9)
   ax.set_xlabel("step")
   ax.grid(alpha=0.3)
@@ -367,26 +376,29 @@ def _rollout_md(name: str, r: dict) -> list[str]:
   ]
 
 
-def format_examples(seed: int, static_rows, cooper_rows, k: int = 3) -> str:
-  head = [f"# Rollouts: static_rm vs cooper, seed {seed}", ""]
+def format_examples(
+  seed: int, static_rows, cooper_rows, k: int = 3, names=("static_rm", "cooper")
+) -> str:
+  st, co = names
+  head = [f"# Rollouts: {st} vs {co}, seed {seed}", ""]
   if static_rows is None:
-    return "\n".join(head + ["No rollouts.jsonl in the static_rm run: none saved."]) + "\n"
+    return "\n".join(head + [f"No rollouts.jsonl in the {st} run: none saved."]) + "\n"
   picks = pick_examples(static_rows, cooper_rows, k)
   head += [
-    "static_rm rollouts from the last quarter of training that the RM rewarded (reward > 0.5) "
-    "but the rule verifier rejects, next to cooper's rollout of the same question (same seed, "
+    f"{st} rollouts from the last quarter of training that the RM rewarded (reward > 0.5) "
+    f"but the rule verifier rejects, next to {co}'s rollout of the same question (same seed, "
     "same step when saved, else the nearest step).",
     "",
   ]
   if cooper_rows is None:
-    head += ["(No rollouts.jsonl in the cooper run.)", ""]
+    head += [f"(No rollouts.jsonl in the {co} run.)", ""]
   if not picks:
     return "\n".join(head + ["No such rollouts were saved."]) + "\n"
   out = head
   for i, p in enumerate(picks, 1):
     s, c = p["static"], p["cooper"]
     out += [f"## {i}. {s['question']}", "", f"Reference: {s['reference']}", ""]
-    out += _rollout_md("static_rm", s) + [""]
-    out += _rollout_md("cooper", c) if c else ["**cooper**: none saved"]
+    out += _rollout_md(st, s) + [""]
+    out += _rollout_md(co, c) if c else [f"**{co}**: none saved"]
     out.append("")
   return "\n".join(out)
