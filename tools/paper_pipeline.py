@@ -1,0 +1,313 @@
+"""The paper's four stages in one command, resumable by stage.
+
+  annotate   the policy's rollouts labelled by math-verify and an LLM judge; the triples where
+             both agree are kept (hybrid annotation; tools/annotate.py)
+  verifyrm   the reference-based RM pretrained with BCE on them, precision / recall on held-out
+             labelled rollouts (VerifyRM; tools/pretrain_rm.py)
+  grpo       GRPO with the rule reward, the VerifyRM frozen (static_rm), and the VerifyRM
+             co-trained on (rule-verified positive, assistant-rewritten negative) pairs (cooper,
+             pairs.negatives=llm_rewrite); cooper_jax.train
+  evaluate   the untrained and the three trained policies on Table 3's five benchmarks
+             (cooper_jax.evaluate), one Table-3-shaped table
+
+  python tools/paper_pipeline.py --out runs/pipeline_smoke --size smoke
+  python tools/paper_pipeline.py --out runs/pipeline --size paper   # a TPU slice: BUILD.md
+
+A stage whose `record.json` exists is skipped (delete it, or its folder, to run it again); each
+record holds the stage's counts and `<out>/pipeline.md` gathers them. Any preset value can be
+overridden (--policy, --judge, --rm_backbone, --assistant, --steps, ...).
+
+The smoke size runs on a 2-core CPU with the embedded SmolLM2-135M-Instruct in all four roles,
+on the one-calculation GSM8K training problems (499 of 7473: the solution has at most one
+<<a op b = c>> step), the slice on which a 135M model gets some answers right, so rule
+positives, and with them Cooper's pairs, form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("rule", "static_rm", "cooper")
+SMOL = "smollm2-135m-instruct"
+PRESETS = {
+  "smoke": dict(
+    policy=SMOL,
+    judge=SMOL,
+    rm_backbone=SMOL,
+    assistant=SMOL,
+    train_data="gsm8k-onestep",
+    annotate_limit=48,
+    annotate_samples=4,
+    annotate_temperatures="0.7,1.0",
+    max_new_tokens=192,
+    rm_steps=60,
+    rm_batch=8,
+    rm_max_len=512,
+    grpo_config="experiments/smollm2.py:cpu_smoke",
+    steps=3,
+    eval_limit=4,
+    eval_samples=4,
+    eval_max_new_tokens=192,
+  ),
+  # The paper's sizes (section 4.1 and its code): Qwen2.5-1.5B-Instruct policy, Qwen3-4B judge,
+  # a 1.5B RM backbone, Qwen2.5-7B-Instruct assistant; 65K annotated triples from GSM8K/MATH.
+  "paper": dict(
+    policy="Qwen/Qwen2.5-1.5B-Instruct",
+    judge="Qwen/Qwen3-4B",
+    rm_backbone="Qwen/Qwen2.5-1.5B-Instruct",
+    assistant="Qwen/Qwen2.5-7B-Instruct",
+    train_data="gsm8k/train",
+    annotate_limit=0,
+    annotate_samples=4,
+    annotate_temperatures="0.7,1.0",
+    max_new_tokens=1024,
+    rm_steps=2000,
+    rm_batch=64,
+    rm_max_len=2048,
+    grpo_config="experiments/paper.py:qwen,{mode}",
+    steps=200,
+    eval_limit=0,
+    eval_samples=8,
+    eval_max_new_tokens=1024,
+  ),
+}
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  p.add_argument("--out", required=True)
+  p.add_argument("--size", choices=sorted(PRESETS), default="smoke")
+  for key, value in PRESETS["smoke"].items():
+    p.add_argument(f"--{key}", type=type(value), default=None, help=f"(smoke: {value!r})")
+  p.add_argument(
+    "--benchmarks",
+    default=None,
+    help="evaluate stage (default: Table 3's five, the evaluate CLI's)",
+  )
+  p.add_argument("--modes", default=",".join(MODES), help="GRPO runs (and evaluations) to make")
+  p.add_argument("--seed", type=int, default=0)
+  a = p.parse_args(argv)
+  a.modes = [m for m in a.modes.split(",") if m]
+  if not a.modes or set(a.modes) - set(MODES):
+    p.error(f"--modes {a.modes}: a non-empty subset of {list(MODES)}")
+  for key, value in PRESETS[a.size].items():
+    if getattr(a, key) is None:
+      setattr(a, key, value)
+  return a
+
+
+def onestep_gsm8k(path: Path) -> Path:
+  """GSM8K training problems whose worked solution has at most one calculation."""
+  from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
+  from cooper_jax.io import write_jsonl  # pylint: disable=import-outside-toplevel
+
+  rows, _ = load_qa("gsm8k/train")
+  write_jsonl(path, (r for r in rows if r["solution"].count("<<") <= 1))
+  return path
+
+
+def _record(stage_dir: Path, fn) -> dict:
+  """The stage's record: read if it exists, else computed by fn() and written last."""
+  from cooper_jax.io import atomic_write_json  # pylint: disable=import-outside-toplevel
+
+  path = stage_dir / "record.json"
+  if path.exists():
+    logging.info("%s: done (%s)", stage_dir.name, path)
+    return json.loads(path.read_text())
+  stage_dir.mkdir(parents=True, exist_ok=True)
+  t0 = time.perf_counter()
+  rec = fn()
+  rec["wall_s"] = time.perf_counter() - t0
+  atomic_write_json(path, rec)
+  return rec
+
+
+def stage_annotate(a, out: Path, train_data: str) -> dict:
+  import annotate  # pylint: disable=import-outside-toplevel
+
+  policies = ",".join(f"{a.policy}@{t}" for t in a.annotate_temperatures.split(","))
+  args = ["--policies", policies, "--judge", a.judge, "--data", train_data]
+  args += ["--samples", str(a.annotate_samples), "--max_new_tokens", str(a.max_new_tokens)]
+  args += ["--out", str(out / "triples.jsonl"), "--seed", str(a.seed)]
+  if a.annotate_limit:
+    args += ["--limit", str(a.annotate_limit)]
+  s = annotate.main(args)["agreement"]
+  return {
+    "kept": str(out / "triples.kept.jsonl"),
+    "n_triples": s["n"],
+    "n_kept": s["kept"],
+    "n_dropped": s["n"] - s["kept"],
+    **{k: s[k] for k in ("kept_positive", "kept_negative", "rule_undecided", "judge_undecided")},
+    **{k: s[k] for k in ("agreement_rate", "cohen_kappa", "confusion")},
+  }
+
+
+def stage_verifyrm(a, out: Path, kept: str) -> dict:
+  import pretrain_rm  # pylint: disable=import-outside-toplevel
+
+  rm_dir = out / "rm"
+  args = ["--data", kept, "--backbone", a.rm_backbone, "--out", str(rm_dir)]
+  args += ["--steps", str(a.rm_steps), "--batch", str(a.rm_batch), "--max_len", str(a.rm_max_len)]
+  args += ["--warmup", str(min(20, a.rm_steps // 10)), "--seed", str(a.seed)]
+  r = pretrain_rm.main(args)
+  keep = ("n_train", "n_heldout", "train_positive_rate", "heldout_before", "heldout_after")
+  return {"rm": str(rm_dir), **{k: r.get(k) for k in keep}}
+
+
+def stage_grpo(a, out: Path, mode: str, rm_dir: str, train_data: str) -> dict:
+  from cooper_jax.config import load_config  # pylint: disable=import-outside-toplevel
+  from cooper_jax.metrics import read_metrics  # pylint: disable=import-outside-toplevel
+  from cooper_jax.train import train  # pylint: disable=import-outside-toplevel
+
+  spec = a.grpo_config.format(mode=mode)
+  spec = spec if Path(spec.split(":")[0]).is_absolute() else str(ROOT / spec)
+  c = load_config(
+    spec,
+    [
+      f"reward_mode={mode}",
+      f"rm.model={rm_dir}",
+      "pairs.negatives=llm_rewrite",
+      f"pairs.assistant_model={a.assistant}",
+      f"data.train={train_data}",
+      f"train.steps={a.steps}",
+      "train.eval_every=0",
+      f"seed={a.seed}",
+    ],
+  )
+  train(c, str(out))
+  rows = read_metrics(out)
+  per_step = []
+  for r in rows:
+    s = {"step": r["step"], "rule_acc": r["rule/acc"], "reward": r["reward/mean"]}
+    if mode == "cooper":
+      s["pairs"] = r.get("pairs/n_valid")
+      s["negatives_tried"] = r.get("pairs/negative_tries")
+      s["negatives_rejected"] = {
+        k[len("pairs/reject_") :]: v for k, v in r.items() if k.startswith("pairs/reject_")
+      }
+      s["rm_updated"] = r.get("rm_train/updated")
+    per_step.append(s)
+  return {"run": str(out), "per_step": per_step}
+
+
+def stage_evaluate(a, out: Path, name: str, source: list[str]) -> dict:
+  from cooper_jax import evaluate  # pylint: disable=import-outside-toplevel
+
+  args = [
+    *source,
+    "--label",
+    name,
+    "--samples",
+    str(a.eval_samples),
+    "--temperature",
+    "0.7",
+    "--top_p",
+    "0.95",
+  ]
+  args += ["--max_new_tokens", str(a.eval_max_new_tokens), "--out", str(out)]
+  args += ["--seed", str(a.seed)]
+  if a.benchmarks:
+    args += ["--benchmarks", a.benchmarks]
+  if a.eval_limit:
+    args += ["--limit", str(a.eval_limit)]
+  res = evaluate.main(args)
+  bench = {
+    k: {"accuracy": b["accuracy"], "ci95": b["ci95"], "n_problems": b["n_problems"]}
+    for k, b in res["benchmarks"].items()
+  }
+  return {"benchmarks": bench, "average": res["average"], "table": (out / "table.md").read_text()}
+
+
+def format_report(a, recs: dict) -> str:
+  ann, rm = recs["annotate"], recs["verifyrm"]
+  lines = [f"# Paper pipeline, size {a.size}", "", "## 1. Hybrid annotation", ""]
+  num = lambda x: "n/a" if x is None else f"{x:.3f}"
+  lines += [
+    f"- triples labelled: {ann['n_triples']}; rule/judge agreement {num(ann['agreement_rate'])}, "
+    f"Cohen's kappa {num(ann['cohen_kappa'])}; kept {ann['n_kept']} ({ann['kept_positive']} "
+    f"correct, {ann['kept_negative']} wrong), dropped {ann['n_dropped']} (undecided: rule "
+    f"{ann['rule_undecided']}, judge {ann['judge_undecided']})",
+    f"- rule x judge confusion: {json.dumps(ann['confusion'])}",
+    "",
+    "## 2. VerifyRM (BCE on the kept triples)",
+    "",
+    f"- trained on {rm['n_train']} triples ({rm['train_positive_rate']:.2f} positive), "
+    f"held-out {rm['n_heldout']}",
+  ]
+  for when in ("heldout_before", "heldout_after"):
+    h = rm[when] or {}
+    lines.append(
+      f"- {when}: accuracy {num(h.get('accuracy'))}, precision {num(h.get('precision'))}, "
+      f"recall {num(h.get('recall'))}"
+    )
+  lines += [
+    "",
+    "## 3. GRPO",
+    "",
+    "| mode | step | rule acc | reward | pairs | negatives tried | rejected (by reason) |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for mode in a.modes:
+    for s in recs[f"grpo/{mode}"]["per_step"]:
+      rej = ", ".join(f"{k} {v}" for k, v in s.get("negatives_rejected", {}).items() if v)
+      lines.append(
+        f"| {mode} | {s['step']} | {s['rule_acc']:.3f} | {s['reward']:.3f} | "
+        f"{s.get('pairs', '-')} | {s.get('negatives_tried', '-')} | {rej or '-'} |"
+      )
+  lines += ["", "## 4. Evaluation (Table 3's shape; %, 95% CI over problems)", ""]
+  tables = [recs[f"evaluate/{n}"]["table"].splitlines() for n in ("untrained", *a.modes)]
+  lines += tables[0][:2] + [t[2] for t in tables]
+  lines += [
+    "",
+    "Wall seconds per stage: " + ", ".join(f"{k} {v['wall_s']:.0f}" for k, v in recs.items()),
+  ]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+  import sys  # pylint: disable=import-outside-toplevel
+
+  sys.path.insert(0, str(ROOT / "tools"))  # annotate, pretrain_rm
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+  a = parse_args(argv)
+  out = Path(a.out)
+  out.mkdir(parents=True, exist_ok=True)
+  train_data = a.train_data
+  if train_data == "gsm8k-onestep":
+    train_data = str(onestep_gsm8k(out / "data" / "gsm8k_onestep.jsonl"))
+  recs = {
+    "annotate": _record(out / "annotate", lambda: stage_annotate(a, out / "annotate", train_data))
+  }
+  if not recs["annotate"]["n_kept"]:
+    raise SystemExit(
+      f"annotation kept no triple ({out / 'annotate' / 'record.json'}): no RM to train"
+    )
+  recs["verifyrm"] = _record(
+    out / "verifyrm", lambda: stage_verifyrm(a, out / "verifyrm", recs["annotate"]["kept"])
+  )
+  rm_dir = recs["verifyrm"]["rm"]
+  for mode in a.modes:
+    d = out / "grpo" / mode
+    recs[f"grpo/{mode}"] = _record(d, lambda d=d, m=mode: stage_grpo(a, d, m, rm_dir, train_data))
+  sources = {"untrained": ["--model", a.policy]}
+  sources |= {m: ["--checkpoint", recs[f"grpo/{m}"]["run"]] for m in a.modes}
+  for name, src in sources.items():
+    d = out / "evaluate" / name
+    recs[f"evaluate/{name}"] = _record(d, lambda d=d, n=name, s=src: stage_evaluate(a, d, n, s))
+  from cooper_jax.io import atomic_write_text  # pylint: disable=import-outside-toplevel
+
+  report = format_report(a, recs)
+  atomic_write_text(out / "pipeline.md", report)
+  print(report)
+  return recs
+
+
+if __name__ == "__main__":
+  main()
