@@ -101,24 +101,14 @@ def test_ppo_ratio_at_the_rollout_temperature(tmp_path):
   were off when the trainer read softmax(logits) while the sampler drew from logits / T). The
   shipped small-task policy, whose logits are sharp: a random tiny model's are nearly uniform,
   where T hardly changes a log-prob."""
-  cmd = [
-    sys.executable,
-    "-m",
-    "cooper_jax.train",
-    f"--config={ROOT / 'experiments' / 'small_task.py'}:rule",
-    f"--workdir={tmp_path}",
-    "--config.train.steps=1",
-    "--config.train.eval_every=0",
-    "--config.rollout.prompts_per_step=2",
-    "--config.rollout.group_size=4",
+  (m,) = _small(
+    tmp_path,
+    "rule",
     "--config.rollout.temperature=0.7",
     "--config.policy.ppo_epochs=2",
-    "--config.policy.ppo_mini_batch_size=4",
-  ]
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-  (m,) = read_metrics(tmp_path)
+    "--config.policy.ppo_mini_batch_size=8",
+    steps=1,
+  )
   assert m["policy/updates"] == 4
   assert abs(m["policy/first_ratio_mean"] - 1.0) < 1e-5
   assert m["policy/sampler_logp_abs_diff"] < 1e-4 and abs(m["policy/sampler_kl"]) < 1e-6
