@@ -22,6 +22,18 @@ import numpy as np
 INSTRUCTION_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
+def widen_left(tok: np.ndarray, mask: np.ndarray, width: int, pad_id: int):
+  """Left-padded inputs widened to `width` columns (more left padding: same model output), e.g.
+  to a width every process agreed on."""
+  extra = width - tok.shape[1]
+  if extra == 0:
+    return tok, mask
+  return (
+    np.pad(tok, ((0, 0), (extra, 0)), constant_values=pad_id),
+    np.pad(mask, ((0, 0), (extra, 0)), constant_values=False),
+  )
+
+
 def left_pad(
   rows: Sequence[Sequence[int]], pad_id: int, max_len: int | None = None, pad_to_multiple: int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ from cooper_jax import distributed as dist
 from cooper_jax import optim, registry, sharding, steps
 from cooper_jax.io import read_jsonl
 from cooper_jax.metrics import reward_hacking_monitors
-from cooper_jax.prompts import encode_rm_inputs
+from cooper_jax.prompts import encode_rm_inputs, widen_left
 from cooper_jax.rewards.pairs import build_on_policy_pairs, build_pairs
 from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.tokenizer import load_tokenizer
@@ -126,7 +126,7 @@ class StaticRMReward(RuleReward):
       width = dist.max_over_processes(tok.shape[1])  # one width for the global array
       tok, mask = (
         dist.put_local_rows(x, bs, (n_total, width))
-        for x in _left_pad_to(tok, mask, width, self.tokenizer.pad_id)
+        for x in widen_left(tok, mask, width, self.tokenizer.pad_id)
       )
     r = self.reward_fn(self.state["params"], tok, mask)
     r = dist.fetch(r) if n_total is None else dist.fetch_local_rows(r)
@@ -299,7 +299,7 @@ class CooperReward(StaticRMReward):
       pad_to_multiple=RM_PAD_MULTIPLE,
     )
     width = dist.max_over_processes(tok.shape[1])
-    tok, mask = _left_pad_to(tok, mask, width, self.tokenizer.pad_id)
+    tok, mask = widen_left(tok, mask, width, self.tokenizer.pad_id)
     batch = {
       "pos_tokens": tok[:rows],
       "pos_mask": mask[:rows],
@@ -332,17 +332,6 @@ def pair_rows(k_max: int, n_local: int, unit: int) -> int:
 def make_reward_mode(c, mesh, verifier: RuleVerifier) -> RuleReward:
   """The reward source `config.reward_mode` names (cooper_jax.registry)."""
   return registry.resolve("reward_mode", c.reward_mode)(c, mesh, verifier)
-
-
-def _left_pad_to(tok: np.ndarray, mask: np.ndarray, width: int, pad_id: int):
-  """Left-padded inputs widened to `width` columns (more left padding: same model output)."""
-  extra = width - tok.shape[1]
-  if extra == 0:
-    return tok, mask
-  return (
-    np.pad(tok, ((0, 0), (extra, 0)), constant_values=pad_id),
-    np.pad(mask, ((0, 0), (extra, 0)), constant_values=False),
-  )
 
 
 def _read_rows(path: str, keys: tuple[str, ...]) -> list[dict]:

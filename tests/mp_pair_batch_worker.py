@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 from cooper_jax import distributed as dist  # noqa: E402
 from cooper_jax import sharding, steps  # noqa: E402
 from cooper_jax.config import load_config  # noqa: E402
-from cooper_jax.prompts import encode_rm_inputs  # noqa: E402
-from cooper_jax.reward_modes import RM_PAD_MULTIPLE, CooperReward, _left_pad_to  # noqa: E402
+from cooper_jax.prompts import encode_rm_inputs, widen_left  # noqa: E402
+from cooper_jax.reward_modes import RM_PAD_MULTIPLE, CooperReward  # noqa: E402
 from cooper_jax.rewards.pairs import PairBatch  # noqa: E402
 
 VALID = [False, True, False, False, True, False, False, False]  # 8 prompts, 4 per process
@@ -57,7 +57,7 @@ def all_prompts_rows(rm, pairs) -> dict:
     rm.c.rm.max_len,
     pad_to_multiple=RM_PAD_MULTIPLE,
   )
-  tok, mask = _left_pad_to(tok, mask, dist.max_over_processes(tok.shape[1]), rm.tokenizer.pad_id)
+  tok, mask = widen_left(tok, mask, dist.max_over_processes(tok.shape[1]), rm.tokenizer.pad_id)
   return {
     "pos_tokens": tok[:n],
     "pos_mask": mask[:n],

@@ -33,6 +33,7 @@ from typing import Protocol
 import numpy as np
 
 from cooper_jax import distributed as dist
+from cooper_jax.prompts import widen_left
 from cooper_jax.rewards.verify import RuleVerifier, last_boxed_span
 
 REJECT_REASONS = ("same_answer", "no_answer", "timeout", "error", "empty")
@@ -367,13 +368,10 @@ class LLMRewriteNegatives:
     )
     rows = 1 << (max(n_max, 1) - 1).bit_length()
     rows = -(-rows // per_proc) * per_proc
-    tokens, mask = self.tokenizer.encode_prompts(
-      (prompts or [filler]) + [(prompts or [filler])[-1]] * (rows - max(n, 1)),
-      pad_to_multiple=self.batch_pad_multiple,
-    )
-    pad = width - tokens.shape[1]  # left padding up to the agreed width
-    tokens = np.pad(tokens, ((0, 0), (pad, 0)), constant_values=self.tokenizer.pad_id)
-    mask = np.pad(mask, ((0, 0), (pad, 0)))
+    fill = rows - len(tokens)  # filler rows (copies of the last), discarded on the way back
+    tokens = np.concatenate([tokens, np.repeat(tokens[-1:], fill, 0)])
+    mask = np.concatenate([mask, np.repeat(mask[-1:], fill, 0)])
+    tokens, mask = widen_left(tokens, mask, width, self.tokenizer.pad_id)
     seeds = np.zeros(rows, np.uint32)
     seeds[:n] = row_seeds
     shape = (rows * procs,)
