@@ -87,6 +87,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.policy.optim = optim_config(1e-6)
   c.policy.micro_batch_size = 0  # rows per grad-accumulation micro-batch; 0 = whole batch
   c.policy.logprob_chunk = 0  # response positions per log-prob chunk (no [b,n,v] logits); 0 = off
+  # Each prompt's positions run once per group of G rollouts in the policy step and the
+  # reference pass, not G times (logprobs.response_logprobs); the same log-probs up to float
+  # rounding. Off only to compare.
+  c.policy.share_prompt = True
   # PPO: passes over each rollout batch and rows per update (0 = the whole batch). One epoch
   # of one mini-batch is the on-policy GRPO update; more reuse the rollouts, clipped against
   # the sampler's log-probs.
@@ -293,6 +297,10 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError(
       f"config.rollout.decode_weights={c.rollout.decode_weights!r}: expected one of "
       f"{DECODE_WEIGHTS}"
+    )
+  if not isinstance(c.policy.share_prompt, bool):
+    raise ValueError(
+      f"config.policy.share_prompt must be True or False, got {c.policy.share_prompt!r}"
     )
   if not isinstance(c.rollout.grow_cache, bool):
     raise ValueError(

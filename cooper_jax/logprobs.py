@@ -84,6 +84,7 @@ def response_logprobs(
   *,
   chunk: int = 0,
   temperature: float = 1.0,
+  prompt_group: int = 1,
 ):
   """log p(response token | everything before it): [b, n], float32, under softmax(logits / T)
   with T = logit_temperature(temperature) (the distribution the sampler drew from).
@@ -91,14 +92,37 @@ def response_logprobs(
   The LM head runs only on the n positions that predict response tokens, not on the prompt:
   with a 49k-152k vocabulary that head (and its logits) is a large share of the step's FLOPs
   and memory. `chunk` > 0 bounds the logits held at once to [b, chunk, v] (see module doc).
+  prompt_group = G > 1: rows g * G .. g * G + G - 1 share one prompt (a GRPO batch in its
+  sampled order), which then runs once per group (`Transformer.hidden_shared_prompt`): the
+  same log-probs up to float rounding, for a fraction of the prompt positions' work.
   """
   model = Transformer(model_cfg)
-  tokens = jnp.concatenate([prompt_tokens, response_tokens], axis=1)
-  mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(bool)
-  h_btd, _ = model.apply(
-    {"params": params}, tokens, positions_from_mask(mask), mask, method=Transformer.hidden
-  )
   p, n = prompt_tokens.shape[1], response_tokens.shape[1]
+  if prompt_group > 1:
+    b = prompt_tokens.shape[0]
+    if b % prompt_group:
+      raise ValueError(f"prompt_group={prompt_group} does not divide the batch's {b} rows")
+    first = lambda x: x.reshape(b // prompt_group, prompt_group, *x.shape[1:])[:, 0]
+    h_ppd, h_bnd = model.apply(
+      {"params": params},
+      first(prompt_tokens),
+      first(prompt_mask).astype(bool),
+      response_tokens,
+      response_mask.astype(bool),
+      method=Transformer.hidden_shared_prompt,
+    )
+    # Position p - 1 (each prompt's last token: prompts are left-padded) predicts response
+    # token 0; response position j predicts token j + 1.
+    h_in = jnp.concatenate(
+      [jnp.repeat(h_ppd[:, -1:], prompt_group, axis=0), h_bnd[:, : n - 1]], axis=1
+    )
+  else:
+    tokens = jnp.concatenate([prompt_tokens, response_tokens], axis=1)
+    mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(bool)
+    h_btd, _ = model.apply(
+      {"params": params}, tokens, positions_from_mask(mask), mask, method=Transformer.hidden
+    )
+    h_in = h_btd[:, p - 1 : p + n - 1]
 
   t = logit_temperature(temperature)
 
@@ -109,6 +133,4 @@ def response_logprobs(
   # Only the head goes into the chunk loop, so its backward accumulates the head's gradient
   # alone rather than carrying zeros for every layer.
   head = "embed" if model_cfg.tie_embeddings else "lm_head"
-  return head_logprobs(
-    logits_fn, {head: params[head]}, h_btd[:, p - 1 : p + n - 1], response_tokens, chunk
-  )
+  return head_logprobs(logits_fn, {head: params[head]}, h_in, response_tokens, chunk)

@@ -102,7 +102,7 @@ def resolve(tree):
   return jax.tree.map(lambda x: x.value if _is_stat(x) else x, tree, is_leaf=_is_stat)
 
 
-def _logprobs(model_cfg, params, batch, chunk: int = 0, temperature: float = 1.0):
+def _logprobs(model_cfg, params, batch, chunk: int = 0, temperature: float = 1.0, group: int = 1):
   return response_logprobs(
     model_cfg,
     params,
@@ -112,7 +112,15 @@ def _logprobs(model_cfg, params, batch, chunk: int = 0, temperature: float = 1.0
     batch["response_mask"],
     chunk=chunk,
     temperature=temperature,
+    prompt_group=group,
   )
+
+
+def micro_prompt_group(prompt_group: int, k: int) -> int:
+  """Rows sharing a prompt, contiguously, within each of k strided micro-batches (`_split`) of
+  a batch whose groups of prompt_group rows share one: prompt_group / k where k divides it,
+  else 1 (then every row runs its own prompt)."""
+  return prompt_group // k if prompt_group % k == 0 else 1
 
 
 # Policy metrics aggregated like the loss (by `agg`); every other ppo metric is a token mean.
@@ -120,11 +128,19 @@ _AGG_METRICS = ("pg_loss", "kl_loss", "loss")
 
 
 def policy_loss_fn(
-  model_cfg: ModelConfig, lc, params, batch, *, logprob_chunk: int = 0, temperature: float = 1.0
+  model_cfg: ModelConfig,
+  lc,
+  params,
+  batch,
+  *,
+  logprob_chunk: int = 0,
+  temperature: float = 1.0,
+  prompt_group: int = 1,
 ):
   """(Mean loss, metrics of Mean / Sum) on `batch`, see `make_train_step`; log-probs at the
-  rollout temperature (logprobs.logit_temperature)."""
-  logp = _logprobs(model_cfg, params, batch, logprob_chunk, temperature)
+  rollout temperature (logprobs.logit_temperature); prompt_group: rows per shared prompt
+  (logprobs.response_logprobs)."""
+  logp = _logprobs(model_cfg, params, batch, logprob_chunk, temperature, prompt_group)
   old = batch.get("old_logp")
   old = jax.lax.stop_gradient(logp) if old is None else old
   resp_mask = batch["response_mask"].astype(jnp.float32)
@@ -358,18 +374,30 @@ def make_policy_step(
   micro_batch_size: int = 0,
   logprob_chunk: int = 0,
   temperature: float = 1.0,
+  prompt_group: int = 1,
 ):
   """Returns jitted `policy_step(state, batch) -> (state, metrics)` for batches shaped like
   `batch_like` (the set of keys fixes whether old_logp/ref_logp are used). micro_batch_size:
   rows per gradient-accumulation micro-batch; logprob_chunk: response positions per LM-head
   chunk (see cooper_jax.logprobs); 0 = off for both. Neither changes the result.
   temperature: the rollout's (`rollout.temperature`); log-probs, hence the PPO ratio and the
-  KL, are taken under softmax(logits / T), the distribution the sampler drew from."""
+  KL, are taken under softmax(logits / T), the distribution the sampler drew from.
+  prompt_group = G: the batch's rows come in groups of G that share a prompt (GRPO's order),
+  so each prompt runs once per group (per micro-batch: `micro_prompt_group`); 1 = no sharing."""
   if (loss_cfg.kl_coef > 0) != ("ref_logp" in batch_like):
     raise ValueError("policy batch must carry ref_logp exactly when kl_coef > 0")
+  group = micro_prompt_group(
+    prompt_group, _micro_count(_leading_dim(batch_like), micro_batch_size, mesh)
+  )
   return make_train_step(
     lambda p, b: policy_loss_fn(
-      model_cfg, loss_cfg, p, b, logprob_chunk=logprob_chunk, temperature=temperature
+      model_cfg,
+      loss_cfg,
+      p,
+      b,
+      logprob_chunk=logprob_chunk,
+      temperature=temperature,
+      prompt_group=group,
     ),
     optimizer,
     mesh,
@@ -411,16 +439,19 @@ def make_logprob_fn(
   micro_batch_size: int = 0,
   logprob_chunk: int = 0,
   temperature: float = 1.0,
+  prompt_group: int = 1,
 ):
   """Jitted forward-only `(params, batch) -> logp [b, n]` of the response tokens (old or
   reference log-probs) at the rollout temperature, as in `make_policy_step`; `batch` carries
   the four prompt/response arrays. Micro-batches run one after another, so peak memory is one
-  micro-batch's forward."""
+  micro-batch's forward. prompt_group: rows per shared prompt, as in `make_policy_step`."""
   keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
 
   def logprob_fn(params, batch):
+    k = _micro_count(_leading_dim(batch), micro_batch_size, mesh)
+    group = micro_prompt_group(prompt_group, k)
     one = lambda *arrays: _logprobs(
-      model_cfg, params, dict(zip(keys, arrays)), logprob_chunk, temperature
+      model_cfg, params, dict(zip(keys, arrays)), logprob_chunk, temperature, group
     )
     return _map_micro(one, mesh, micro_batch_size, *(batch[k] for k in keys))
 

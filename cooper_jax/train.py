@@ -74,6 +74,9 @@ class Run:
     dist.barrier("cooper_workdir")
     self.mesh = sharding.make_mesh(**c.mesh)
     self.group = c.rollout.group_size
+    # Rows per shared prompt in the policy batches: `rollout` returns each prompt's G rows
+    # together (np.repeat of the prompts), the order the policy step keeps.
+    self.prompt_group = self.group if c.policy.share_prompt else 1
 
     self.policy_cfg, policy_params, self.tok_src = load_from_config(c.policy, "lm", c.seed)
     self.tokenizer = load_tokenizer(self.tok_src)
@@ -95,6 +98,7 @@ class Run:
       micro_batch_size=c.policy.micro_batch_size,
       logprob_chunk=c.policy.logprob_chunk,
       temperature=c.rollout.temperature,
+      prompt_group=self.prompt_group,
     )
     self._policy_step = None
 
@@ -200,6 +204,8 @@ class Run:
     b = batch["advantages"].shape[0]
     mb = c.policy.ppo_mini_batch_size or b
     n_updates = c.policy.ppo_epochs * (b // mb)
+    # Mini-batches of random rows break the groups; whole-batch updates keep them.
+    group = self.prompt_group if mb == b else 1
     if n_updates == 1:
       batches = [batch]
     else:
@@ -226,6 +232,7 @@ class Run:
         micro_batch_size=c.policy.micro_batch_size,
         logprob_chunk=c.policy.logprob_chunk,
         temperature=c.rollout.temperature,
+        prompt_group=group,
       )
     lr = float(self.policy_lr(int(self.policy_state["step"])))  # the lr of the first update
     per_update = []

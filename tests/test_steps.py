@@ -458,3 +458,54 @@ def test_make_train_step_plain_mean_and_sum_stats():
     out.append((jax.device_get(state), jax.device_get(m)))
   _assert_same_step(*out, lr=1e-2)
   np.testing.assert_allclose(out[1][1]["y_sum"], batch["y"].sum(), rtol=1e-5)
+
+
+# ------------------------------------------------------------------ shared prompts (GRPO groups)
+def _grouped_policy_batch(n_prompts=4, group=4, p=7, n=6, seed=5):
+  """A GRPO-shaped batch: each prompt's row repeated `group` times, then different responses
+  of varied lengths (one of a single token)."""
+  batch = _policy_batch(seed=seed, b=n_prompts * group, p=p, n=n)
+  for key in ("prompt_tokens", "prompt_mask"):
+    batch[key] = np.repeat(batch[key][::group], group, axis=0)
+  batch["prompt_mask"][:, -1] = True  # left padding: every prompt ends with a real token
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, n + 1, n_prompts * group)
+  lengths[1] = 1
+  batch["response_mask"] = np.arange(n)[None] < lengths[:, None]
+  return batch
+
+
+def test_shared_prompt_logprobs_equal_per_row_ones():
+  batch = _grouped_policy_batch()
+  args = [batch[k] for k in ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")]
+  params = init_params(TINY, jax.random.key(0))
+  want = np.asarray(logprobs.response_logprobs(TINY, params, *args, temperature=0.7))
+  got = np.asarray(logprobs.response_logprobs(TINY, params, *args, temperature=0.7, prompt_group=4))
+  m = batch["response_mask"]
+  # Same sums in another order: float32 rounding of |logp| ~ 5 over a few hundred terms.
+  np.testing.assert_allclose(got[m], want[m], rtol=0, atol=1e-5 * np.abs(want[m]).max())
+  # Teeth: rows whose prompts are not copies of their group's first row get other log-probs.
+  wrong = batch["prompt_tokens"].copy()
+  wrong[1] = (wrong[1] + 1) % 128
+  bad = np.asarray(logprobs.response_logprobs(TINY, params, wrong, *args[1:], prompt_group=4))
+  direct = np.asarray(logprobs.response_logprobs(TINY, params, wrong, *args[1:]))
+  assert np.abs(bad[1][m[1]] - direct[1][m[1]]).max() > 1e-3
+  with pytest.raises(ValueError, match="prompt_group=3"):
+    logprobs.response_logprobs(TINY, params, *args, prompt_group=3)
+
+
+@pytest.mark.parametrize("micro", [0, 8, 4])  # one-shot; 2 micro-batches (group 2); 4 (group 1)
+def test_policy_step_with_shared_prompts_equals_per_row(micro):
+  batch = _grouped_policy_batch()
+  mesh = sharding.make_mesh(**MESH8)
+  kw = dict(micro_batch_size=micro)
+  one = _one_policy_step(batch, LOSS, mesh, **kw)
+  shared = _one_policy_step(batch, LOSS, mesh, prompt_group=4, **kw)
+  _assert_same_step(one, shared)
+  assert steps.micro_prompt_group(4, {0: 1, 8: 2, 4: 4}[micro]) == {0: 4, 8: 2, 4: 1}[micro]
+  lp = {k: batch[k] for k in ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")}
+  params = init_params(TINY, jax.random.key(0))
+  want = np.asarray(steps.make_logprob_fn(TINY, mesh, params, **kw)(params, lp))
+  got = np.asarray(steps.make_logprob_fn(TINY, mesh, params, prompt_group=4, **kw)(params, lp))
+  m = batch["response_mask"]
+  np.testing.assert_allclose(got[m], want[m], rtol=0, atol=1e-5 * np.abs(want[m]).max())

@@ -203,7 +203,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-  """One pre-norm decoder layer; scanned, so (carry, per-layer input) -> (carry, output)."""
+  """One pre-norm decoder layer; scanned, so (carry, per-layer input) -> (carry, output).
+
+  The carry is one stream x [b, t, d], or, for `Transformer.hidden_shared_prompt`, a pair
+  (prompts [P, p, d], responses [b, n, d]) with positions and masks paired the same way and
+  cache_mask_bs the responses' full [b, p + n] mask: the layer runs once on the P prompts, then
+  on the b = P * G responses, which attend over their prompt's keys/values (repeated G times)
+  and their own, as a decode step of n tokens against a cache holding the prompt."""
 
   cfg: ModelConfig
 
@@ -220,18 +226,30 @@ class Block(nn.Module):
   ):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
-    h, new_kv = Attention(cfg, name="attn")(
-      norm("attn_norm")(x_btd),
-      positions_bt,
-      mask_bt,
-      layer_cache,
-      cache_mask_bs,
-      cache_index,
-      read_slots,
+    attn, attn_norm = Attention(cfg, name="attn"), norm("attn_norm")
+    mlp, mlp_norm = MLP(cfg, name="mlp"), norm("mlp_norm")
+
+    def layer(x, *attn_args):
+      h, kv = attn(attn_norm(x), *attn_args)
+      x = x + h
+      return x + mlp(mlp_norm(x)), kv
+
+    if not isinstance(x_btd, tuple):
+      return layer(
+        x_btd, positions_bt, mask_bt, layer_cache, cache_mask_bs, cache_index, read_slots
+      )
+    (x_pd, x_bnd), (pos_p, pos_b), (mask_p, mask_b) = x_btd, positions_bt, mask_bt
+    x_pd, (k_ptke, v_ptke) = layer(x_pd, pos_p, mask_p)
+    group, n, p = x_bnd.shape[0] // x_pd.shape[0], x_bnd.shape[1], x_pd.shape[1]
+    # [P, p, k, e] -> [b, k, p + n, e]: each prompt's keys/values for its G rows, then n empty
+    # slots that the responses' own keys/values fill.
+    as_cache = lambda a: jnp.pad(
+      jnp.repeat(jnp.swapaxes(a, 1, 2), group, axis=0), ((0, 0), (0, 0), (0, n), (0, 0))
     )
-    x_btd = x_btd + h
-    x_btd = x_btd + MLP(cfg, name="mlp")(norm("mlp_norm")(x_btd))
-    return x_btd, new_kv
+    x_bnd, _ = layer(
+      x_bnd, pos_b, mask_b, (as_cache(k_ptke), as_cache(v_ptke)), cache_mask_bs, p
+    )
+    return (x_pd, x_bnd), None
 
 
 class Transformer(nn.Module):
@@ -277,6 +295,27 @@ class Transformer(nn.Module):
     """Final-norm hidden states [b, t, d] and this call's (k, v), each [l, b, t, k, e]."""
     x_btd, new_kv = self.layers(self.embed(tokens_bt), None, positions_bt, mask_bt, None)
     return self.final_norm(x_btd), new_kv
+
+  def hidden_shared_prompt(self, prompt_pp, prompt_mask_pp, response_bn, response_mask_bn):
+    """Final-norm hidden states of P left-padded prompts [P, p, d] and of their b = P * G
+    right-padded responses [b, n, d] (rows g * G .. g * G + G - 1 answer prompt g): what
+    `hidden` gives on the concatenated [b, p + n] rows, with each prompt run once instead of
+    G times (a GRPO batch's prompt positions are G-fold copies)."""
+    group = response_bn.shape[0] // prompt_pp.shape[0]
+    if group * prompt_pp.shape[0] != response_bn.shape[0]:
+      raise ValueError(
+        f"{response_bn.shape[0]} response rows are not a multiple of {prompt_pp.shape[0]} prompts"
+      )
+    full_mask = jnp.concatenate([jnp.repeat(prompt_mask_pp, group, axis=0), response_mask_bn], 1)
+    pos_bn = positions_from_mask(full_mask)[:, prompt_pp.shape[1] :]
+    (x_pd, x_bnd), _ = self.layers(
+      (self.embed(prompt_pp), self.embed(response_bn)),
+      None,
+      (positions_from_mask(prompt_mask_pp), pos_bn),
+      (prompt_mask_pp, response_mask_bn),
+      full_mask,
+    )
+    return self.final_norm(x_pd), self.final_norm(x_bnd)
 
   def logits(self, h_btd):
     if self.cfg.tie_embeddings:
