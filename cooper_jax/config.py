@@ -19,7 +19,7 @@ from cooper_jax.models import REMAT_CHOICES
 from cooper_jax.optim import SCHEDULES
 from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
-DECODE_WEIGHTS = ("sharded", "replicated")  # rollout.decode_weights
+DECODE_WEIGHTS = ("sharded", "replicated", "split")  # rollout / pairs.assistant_decode_weights
 
 
 def optim_config(lr: float, warmup_steps: int = 20) -> ml_collections.ConfigDict:
@@ -156,8 +156,11 @@ def base_config() -> ml_collections.ConfigDict:
     cache_segments=4,
     grow_cache=True,
     # The decode's weight copy: "sharded" as the params are (fsdp: XLA gathers at every decode
-    # step) or "replicated" (gathered once per sampler call; each step needs no collective,
-    # costs the whole copy in the compute dtype per device; sampling.sample, BUILD.md).
+    # step), "replicated" (gathered once per sampler call; each step needs no collective,
+    # costs the whole copy in the compute dtype per device) or "split" (every weight matrix
+    # split over all devices along heads / MLP columns / vocabulary, or its other axis where
+    # those do not divide; a step reads 1/N of the copy per device and moves activations, not
+    # weights; sharding.SplitDecodeWeights, BUILD.md).
     decode_weights="sharded",
   )
 
@@ -176,6 +179,7 @@ def base_config() -> ml_collections.ConfigDict:
     assistant_temperature=0.7,
     assistant_max_new_tokens=512,
     assistant_dtype="float32",  # "bfloat16" on accelerators: params and compute
+    assistant_decode_weights="sharded",  # the assistant sampler's layout, as rollout's
     # The assistant's prompt: "paper" (the paper's instruction, a chat model) or "plain" (the
     # question and the correct solution only; an assistant trained on that format).
     rewrite_format="paper",
@@ -293,11 +297,10 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError(
       f"config.rollout.cache_segments must be an int >= 1, got {c.rollout.cache_segments!r}"
     )
-  if c.rollout.decode_weights not in DECODE_WEIGHTS:
-    raise ValueError(
-      f"config.rollout.decode_weights={c.rollout.decode_weights!r}: expected one of "
-      f"{DECODE_WEIGHTS}"
-    )
+  for key in ("rollout.decode_weights", "pairs.assistant_decode_weights"):
+    section, field = key.split(".")
+    if c[section][field] not in DECODE_WEIGHTS:
+      raise ValueError(f"config.{key}={c[section][field]!r}: expected one of {DECODE_WEIGHTS}")
   if not isinstance(c.policy.share_prompt, bool):
     raise ValueError(
       f"config.policy.share_prompt must be True or False, got {c.policy.share_prompt!r}"

@@ -24,7 +24,7 @@ REWARD_SOURCES: dict[str, str] = {
 # "on_policy" has no generator: Cooper takes the group's own rule-rejected rollouts.
 NEGATIVE_GENERATORS: dict[str, str | None] = {
   "perturb": "cooper_jax.rewards.pairs:PerturbNegatives",
-  "llm_rewrite": "cooper_jax.rewards.pairs:LLMRewriteNegatives",
+  "llm_rewrite": "cooper_jax.rewards.rewrite:LLMRewriteNegatives",
   "on_policy": None,
 }
 _TABLES = {"reward_mode": REWARD_SOURCES, "pairs.negatives": NEGATIVE_GENERATORS}

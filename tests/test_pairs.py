@@ -9,16 +9,19 @@ from cooper_jax import registry
 from cooper_jax.prompts import build_rm_input, cut_long_text, encode_rm_inputs
 from cooper_jax.rewards.pairs import (
   REJECT_REASONS,
-  REWRITE_SYSTEM,
-  LLMRewriteNegatives,
   PerturbNegatives,
   build_on_policy_pairs,
   build_pairs,
   check_negatives,
   perturb_solution,
+  select_positives,
+)
+from cooper_jax.rewards.rewrite import (
+  REWRITE_SYSTEM,
+  LLMRewriteNegatives,
+  rewrite_chat_prompt,
   rewrite_prompt,
   rewrite_token_budget,
-  select_positives,
 )
 from cooper_jax.rewards.verify import RuleVerifier, differ_one
 
@@ -341,7 +344,6 @@ def test_llm_rewrite_negatives_generate(tiny_smol, verifier):
 def test_plain_rewrite_format_is_the_question_and_solution_alone(tiny_smol):
   """The format an assistant without instructions is trained on (tools/train_small_rewriter.py):
   the user turn is the question, a newline and the correct solution; no system message."""
-  from cooper_jax.rewards.pairs import rewrite_chat_prompt  # pylint: disable=import-outside-toplevel
 
   cfg, params, tok = tiny_smol
   q, p = "Tom has 3 apples. He gets 4 more. How many?", "3 + 4 = 7\nThe answer is \\boxed{7}."

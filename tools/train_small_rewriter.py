@@ -4,7 +4,7 @@ trained to rewrite a correct solution into a plausible wrong one of the same len
 The paper's assistant is an instruction-following 7B model prompted to rewrite a correct
 solution with wrong reasoning. The small task's 529-word vocabulary has no instructions, so
 this assistant learns the rewrite from examples instead, with the `plain` prompt format
-(`rewards.pairs.rewrite_chat_prompt`: the question and the correct solution as the user turn):
+(`rewards.rewrite.rewrite_chat_prompt`: the question and the correct solution as the user turn):
 the target is a one-slip wrong solution (`tasks.arith.make_wrong_solution`: an off-by-one, a
 dropped ten, swapped digits or a misread operand on a random line of the chain, carried through
 to the end). It starts from the SFT policy's weights (the arithmetic and the format are known).
@@ -93,7 +93,7 @@ def main(argv=None) -> dict:
   a = parse_args(argv)
   t0 = time.perf_counter()
   from cooper_jax.io import atomic_write_json  # pylint: disable=import-outside-toplevel
-  from cooper_jax.rewards.pairs import LLMRewriteNegatives, rewrite_chat_prompt  # pylint: disable=import-outside-toplevel
+  from cooper_jax.rewards.rewrite import LLMRewriteNegatives, rewrite_chat_prompt  # pylint: disable=import-outside-toplevel
   from cooper_jax.sft import train_sft  # pylint: disable=import-outside-toplevel
   from cooper_jax.tasks.arith import make_wrong_solution  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel

@@ -39,7 +39,14 @@ from jax.sharding import PartitionSpec as P
 
 from cooper_jax import sharding
 from cooper_jax.aot.cost import forward_flops
-from cooper_jax.aot.models import ConfigError, abstract_params, device_bytes, model_config
+from cooper_jax.aot.models import (
+  ConfigError,
+  abstract_params,
+  decode_step_weight_bytes,
+  decode_weight_copy,
+  device_bytes,
+  model_config,
+)
 from cooper_jax.aot.report import topology_mesh
 from cooper_jax.aot.topology import CHIP_PEAKS, GIB
 from cooper_jax.models.config import ModelConfig
@@ -165,24 +172,7 @@ def abstract_decode_inputs(
   next_pos = jax.ShapeDtypeStruct(pos_shape.shape, pos_shape.dtype, sharding=shardings.done_b)
   rng = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(mesh))
-  split = _split_abstract(params, cfg.jnp_dtype)
-  if weights_sharding is not None:
-    split = jax.tree.map(
-      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=weights_sharding), split
-    )
-  return split, state, next_pos, rng
-
-
-def _split_abstract(params, dtype):
-  """transformer.split_layers(params, dtype) on ShapeDtypeStructs: per layer, the shape and
-  the partition spec without the leading layer axis; every leaf in dtype."""
-  cast = lambda s: jax.ShapeDtypeStruct(s.shape, dtype, sharding=s.sharding)
-  drop = lambda s: jax.ShapeDtypeStruct(
-    s.shape[1:], dtype, sharding=NamedSharding(s.sharding.mesh, P(*s.sharding.spec[1:]))
-  )
-  layer = jax.tree.map(drop, params["layers"])
-  n = jax.tree.leaves(params["layers"])[0].shape[0]
-  return {**jax.tree.map(cast, params), "layers": (layer,) * n}
+  return decode_weight_copy(params, cfg.jnp_dtype, weights_sharding), state, next_pos, rng
 
 
 def lower_decode_step(
@@ -295,6 +285,9 @@ def compile_decode_step(
   bw, peak = peaks["hbm_bw"], peaks["flops"]
   if weights == "replicated":  # the step reads the whole compute-dtype copy, on every device
     par = cfg.num_params() * itemsize * per_chip
+  elif weights == "split":  # its shard of the compute-dtype copy split over every device
+    ws = kw["weights_sharding"]
+    par = decode_step_weight_bytes(cfg, abstract_params(cfg, mesh), mesh, ws) * per_chip
   floor, floor_avg, g_floor = par + cache, par + cache_avg, gathered + cache
   gib = lambda x: None if x is None else x / GIB
   arg, temp = getattr(mem, "argument_size_in_bytes", None), getattr(mem, "temp_size_in_bytes", None)
@@ -348,7 +341,9 @@ def compile_decode_step(
 def format_decode(r: DecodeStepResult) -> str:
   """A markdown table of one decode step against its floors, with a header."""
   per = r.devices // r.chips
-  what = "whole weight copy" if r.decode_weights == "replicated" else "param shards"
+  what = {"replicated": "whole weight copy", "split": "split weight copy"}.get(
+    r.decode_weights, "param shards"
+  )
   lines = [
     f"decode step of {r.config or 'the config'} on {r.topology}: {r.chips} chips "
     f"({r.device_kind}, {per} device(s) per chip), mesh {r.mesh}; {r.rows} rows x "

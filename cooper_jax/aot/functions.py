@@ -29,6 +29,7 @@ from cooper_jax.aot.models import (
   abstract_params,
   abstract_state,
   assistant_config,
+  decode_step_weight_bytes,
   device_bytes,
   model_config,
 )
@@ -104,6 +105,9 @@ def _sampler_spec(
   acts = forward_bytes(cfg, u, prompt, prompt, 1, tensor) + new * forward_bytes(
     cfg, rows, 1, prompt + new + 1, 1, tensor
   )
+  # Weight reads: the prefill's (as the params are), then each decode step's copy in the
+  # compute dtype as sample_kw["weights_sharding"] lays it out.
+  step_w = decode_step_weight_bytes(cfg, params, mesh, sample_kw.get("weights_sharding"))
   return FnSpec(
     name,
     lambda: sample.lower(params, batch["t"], batch["m"], rng, **kw),
@@ -111,7 +115,7 @@ def _sampler_spec(
     device_bytes(params) + device_bytes(batch),
     Cost(
       sampler_flops(cfg, rows, prompt, new, prefill_rows=u),
-      per_device(acts, weight_bytes(cfg), n_dev, tensor, 1 + new),
+      per_device(acts, weight_bytes(cfg), n_dev, tensor, 1) + new * step_w,
     ),
     calls,
   )
@@ -339,6 +343,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
           1.0,
           0,
           1,
+          weights_sharding=sharding.decode_weights(mesh, c.pairs.assistant_decode_weights),
         )
       )
   return fns, persistent

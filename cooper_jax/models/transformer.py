@@ -246,9 +246,7 @@ class Block(nn.Module):
     as_cache = lambda a: jnp.pad(
       jnp.repeat(jnp.swapaxes(a, 1, 2), group, axis=0), ((0, 0), (0, 0), (0, n), (0, 0))
     )
-    x_bnd, _ = layer(
-      x_bnd, pos_b, mask_b, (as_cache(k_ptke), as_cache(v_ptke)), cache_mask_bs, p
-    )
+    x_bnd, _ = layer(x_bnd, pos_b, mask_b, (as_cache(k_ptke), as_cache(v_ptke)), cache_mask_bs, p)
     return (x_pd, x_bnd), None
 
 
