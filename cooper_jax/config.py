@@ -19,7 +19,7 @@ from cooper_jax.models import REMAT_CHOICES
 from cooper_jax.optim import SCHEDULES
 from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
-DECODE_WEIGHTS = ("sharded", "replicated", "split")  # rollout / pairs.assistant_decode_weights
+DECODE_WEIGHTS = ("sharded", "replicated")  # rollout / pairs.assistant_decode_weights
 
 
 def optim_config(lr: float, warmup_steps: int = 20) -> ml_collections.ConfigDict:
@@ -155,12 +155,10 @@ def base_config() -> ml_collections.ConfigDict:
     # the slices into the attention, so no extra memory; experiments/paper.py).
     cache_segments=4,
     grow_cache=True,
-    # The decode's weight copy: "sharded" as the params are (fsdp: XLA gathers at every decode
-    # step), "replicated" (gathered once per sampler call; each step needs no collective,
-    # costs the whole copy in the compute dtype per device) or "split" (every weight matrix
-    # split over all devices along heads / MLP columns / vocabulary, or its other axis where
-    # those do not divide; a step reads 1/N of the copy per device and moves activations, not
-    # weights; sharding.SplitDecodeWeights, BUILD.md).
+    # The decode's weight copy: "sharded" as the params are (fsdp: at each decode step XLA
+    # moves either the weights or the rows' activations between devices, its choice) or
+    # "replicated" (gathered once per sampler call; each step needs no collective, costs the
+    # whole copy in the compute dtype per device; sampling.sample, BUILD.md).
     decode_weights="sharded",
   )
 

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cooper_jax import sharding
 from cooper_jax.logprobs import logit_temperature
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import (
@@ -308,9 +307,7 @@ def sample(
   weights_sharding: where the decode's per-call weight copy (compute dtype) lives. None: as
   the params are (under fsdp XLA then gathers rows or weights at every decode step); a
   replicated sharding: every device holds the whole copy, gathered once per call, and each
-  step runs on its own rows with no collective; a sharding.SplitDecodeWeights: the copy split
-  over every device (a step reads 1/devices of it and moves activations instead) (config
-  rollout.decode_weights; BUILD.md).
+  step runs on its own rows with no collective (config rollout.decode_weights; BUILD.md).
   """
   ends = segment_ends(max_new_tokens, cache_segments)
   state, next_pos_b = prefill(
@@ -326,9 +323,7 @@ def sample(
   p = tokens_bp.shape[1]
   split = split_layers(params, cfg.jnp_dtype)  # once per call, outside the loop
   if weights_sharding is not None:
-    split = jax.lax.with_sharding_constraint(
-      split, sharding.decode_weight_shardings(split, weights_sharding)
-    )
+    split = jax.lax.with_sharding_constraint(split, weights_sharding)
   for j, end in enumerate(ends):
     if grow_cache and j:
       state = state._replace(cache=_grow_cache(state.cache, end - ends[j - 1]))

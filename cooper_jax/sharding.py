@@ -158,87 +158,10 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-# Decode layout "split": per weight, its primary dimension (heads, MLP columns, vocabulary)
-# and its other one (q/k/v input rows, o/down output columns). The primary one is split over
-# every device where their count divides it: each device computes its slice of the output.
-# Else over `tensor` (where the cache's kv heads are) with the other dimension over (data,
-# fsdp), else the other dimension over every device; XLA then adds partial sums over devices.
-# Either way a decode step moves activations ([rows, width]) between devices, not weights.
-# Per-layer shapes (transformer.split_layers drops the layer axis): q/k/v [d, h, e], their bias
-# [h, e], o [h, e, d], gate/up [d, f], down [f, d], embed [v, d], lm_head [d, v]; norms whole.
-SPLIT_DECODE_DIMS: tuple[tuple[str, tuple[int, ...]], ...] = (
-  (r"attn/(q|k|v)/kernel$", (1, 0)),
-  (r"attn/(q|k|v)/bias$", (0,)),
-  (r"attn/o/kernel$", (0, 2)),
-  (r"mlp/(gate|up)/kernel$", (1, 0)),
-  (r"mlp/down/kernel$", (0, 1)),
-  (r"embed/embedding$", (0, 1)),
-  (r"lm_head/kernel$", (1, 0)),
-)
-
-
-class SplitDecodeWeights:
-  """rollout.decode_weights = "split": the decode's weight copy split over every device of the
-  mesh (SPLIT_DECODE_DIMS), so the weight bytes a device reads per step fall as 1/devices,
-  where "sharded" lets XLA gather every weight to every device at each step (fsdp splits the
-  contraction dimension) and "replicated" holds the whole copy on each. Rows stay split over
-  (data, fsdp) as the batch is, kv heads over tensor as the cache is; XLA moves activations
-  between layouts. Hashable: a static argument of the jitted sampler."""
-
-  def __init__(self, mesh: Mesh):
-    self.mesh = mesh
-    used = lambda names: tuple(a for a in names if mesh.shape[a] > 1)
-    self.all, self.tensor, self.rest = used(AXES), used(("tensor",)), used(BATCH_AXES)
-
-  def __eq__(self, other):
-    return isinstance(other, SplitDecodeWeights) and other.mesh == self.mesh
-
-  def __hash__(self):
-    return hash(("SplitDecodeWeights", self.mesh))
-
-  def _size(self, axes) -> int:
-    return int(np.prod([self.mesh.shape[a] for a in axes])) if axes else 1
-
-  def spec(self, path: str, shape: tuple[int, ...]) -> P:
-    """The PartitionSpec of one per-layer weight (module comment above SPLIT_DECODE_DIMS)."""
-    dims = next((d for pattern, d in SPLIT_DECODE_DIMS if re.search(pattern, path)), None)
-    if dims is None or not self.all:
-      return P()
-    first, other = dims[0], dims[1:]
-    options = [((first, self.all),)]
-    if other:
-      options += [((first, self.tensor), (other[0], self.rest)), ((other[0], self.all),)]
-    else:
-      options.append(((first, self.tensor),))
-    for option in options:
-      if all(shape[d] % self._size(axes) == 0 for d, axes in option):
-        spec = [None] * len(shape)
-        for d, axes in option:
-          spec[d] = (axes[0] if len(axes) == 1 else axes) if axes else None
-        return P(*spec)
-    return P()
-
-  def shardings(self, tree):
-    """A NamedSharding for every leaf of `tree` (weights as split_layers makes them)."""
-    return jax.tree_util.tree_map_with_path(
-      lambda path, x: NamedSharding(self.mesh, self.spec(_path_str(path), tuple(x.shape))), tree
-    )
-
-
-def decode_weights(mesh: Mesh, mode: str):
-  """sampling.sample's weights_sharding for config rollout.decode_weights: "sharded" -> None
-  (the copy stays as the params are), "replicated" -> whole on every device, "split" ->
-  SplitDecodeWeights (split over every device)."""
+def decode_weights(mesh: Mesh, mode: str) -> NamedSharding | None:
+  """sampling.sample's weights_sharding for config rollout.decode_weights (and
+  pairs.assistant_decode_weights): "sharded" -> None (the copy stays as the params are),
+  "replicated" -> whole on every device."""
   if mode not in DECODE_WEIGHTS:
     raise ValueError(f"rollout.decode_weights={mode!r}: expected one of {DECODE_WEIGHTS}")
-  if mode == "split":
-    return SplitDecodeWeights(mesh)
   return replicated(mesh) if mode == "replicated" else None
-
-
-def decode_weight_shardings(tree, weights_sharding):
-  """What `tree` (the decode's weights) is constrained to: weights_sharding itself (one
-  sharding for every leaf) or, for SplitDecodeWeights, its per-leaf shardings."""
-  if isinstance(weights_sharding, SplitDecodeWeights):
-    return weights_sharding.shardings(tree)
-  return weights_sharding

@@ -317,3 +317,27 @@ def test_cli_decode_tiny_and_errors(tmp_path):
   assert p.returncode == 2 and "divisible" in p.stderr, p.stderr
   p = _cli("--topology", TOPOLOGY)
   assert p.returncode == 2 and "--config" in p.stderr, p.stderr
+
+
+@needs_libtpu
+def test_iteration_roofline_counts_the_compiled_decode_step(tiny_decode):
+  """tools/aot_compile.py's sampler bytes: the prefill's analytic bytes + max_new_tokens x the
+  XLA bytes of the decode step compiled alone (the step tools/aot_decode.py measures), not an
+  analytic guess at which of weights or activations XLA moves."""
+  from cooper_jax import aot
+  from cooper_jax.aot.functions import build_functions
+  from cooper_jax.aot.report import topology_mesh
+
+  c, step = tiny_decode
+  (r,) = aot.compile_iteration(c, TOPOLOGY, only=("sampler",)).results
+  # The same programs as aot_decode's, segment by segment (v5e: one device per chip).
+  assert step.cache_segments == c.rollout.cache_segments > 1
+  assert r.decode_step_bytes == pytest.approx(step.xla_bytes_avg)
+  assert r.decode_step_bytes < step.xla_bytes  # earlier segments read fewer cache slots
+  _, _, _, mesh = topology_mesh(c, TOPOLOGY)
+  (spec,) = [f for f in build_functions(c, mesh)[0] if f.name == "sampler"]
+  segments = spec.decode_segments()
+  assert sum(n for n, _ in segments) == c.rollout.max_new_tokens == step.new_tokens
+  want = (spec.cost.bytes + step.new_tokens * step.xla_bytes_avg) * spec.calls
+  assert r.bytes == pytest.approx(want) and r.roofline_s >= r.bytes / 819e9 * (1 - 1e-9)
+  assert spec.cost.bytes < step.new_tokens * step.xla_bytes_avg  # the decode dominates

@@ -234,7 +234,7 @@ def test_token_logprob_is_log_softmax_at_the_token():
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("decode_weights", ["sharded", "replicated", "split"])
+@pytest.mark.parametrize("decode_weights", ["sharded", "replicated"])
 def test_sampler_on_sharded_params_matches_single_device(params, decode_weights):
   assert jax.device_count() >= 8, "conftest sets an 8-device CPU platform"
   toks, mask = _left_pad(ROWS + [[3, 4, 5]], 8)
@@ -248,12 +248,6 @@ def test_sampler_on_sharded_params_matches_single_device(params, decode_weights)
   bs = sharding.batch_sharding(mesh)
   ws = sharding.decode_weights(mesh, decode_weights)
   assert (ws is None) == (decode_weights == "sharded")
-  if decode_weights == "split":  # 8 devices: 96 MLP columns split 8 ways; 6 heads only 2 (tensor)
-    P = jax.sharding.PartitionSpec
-    assert ws.spec("layers/0/mlp/up/kernel", (48, 96)) == P(None, ("data", "fsdp", "tensor"))
-    assert ws.spec("layers/0/attn/q/kernel", (48, 6, 8)) == P(("data", "fsdp"), "tensor", None)
-    assert ws.spec("lm_head/kernel", (48, 97)) == P(("data", "fsdp", "tensor"), None)
-    assert ws.spec("layers/0/attn_norm/scale", (48,)) == P()
   out = sample(
     sp,
     jax.device_put(toks, bs),

@@ -42,7 +42,6 @@ from cooper_jax.aot.cost import forward_flops
 from cooper_jax.aot.models import (
   ConfigError,
   abstract_params,
-  decode_step_weight_bytes,
   decode_weight_copy,
   device_bytes,
   model_config,
@@ -285,9 +284,6 @@ def compile_decode_step(
   bw, peak = peaks["hbm_bw"], peaks["flops"]
   if weights == "replicated":  # the step reads the whole compute-dtype copy, on every device
     par = cfg.num_params() * itemsize * per_chip
-  elif weights == "split":  # its shard of the compute-dtype copy split over every device
-    ws = kw["weights_sharding"]
-    par = decode_step_weight_bytes(cfg, abstract_params(cfg, mesh), mesh, ws) * per_chip
   floor, floor_avg, g_floor = par + cache, par + cache_avg, gathered + cache
   gib = lambda x: None if x is None else x / GIB
   arg, temp = getattr(mem, "argument_size_in_bytes", None), getattr(mem, "temp_size_in_bytes", None)
@@ -341,9 +337,7 @@ def compile_decode_step(
 def format_decode(r: DecodeStepResult) -> str:
   """A markdown table of one decode step against its floors, with a header."""
   per = r.devices // r.chips
-  what = {"replicated": "whole weight copy", "split": "split weight copy"}.get(
-    r.decode_weights, "param shards"
-  )
+  what = "whole weight copy" if r.decode_weights == "replicated" else "param shards"
   lines = [
     f"decode step of {r.config or 'the config'} on {r.topology}: {r.chips} chips "
     f"({r.device_kind}, {per} device(s) per chip), mesh {r.mesh}; {r.rows} rows x "

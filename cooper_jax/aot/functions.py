@@ -29,7 +29,6 @@ from cooper_jax.aot.models import (
   abstract_params,
   abstract_state,
   assistant_config,
-  decode_step_weight_bytes,
   device_bytes,
   model_config,
 )
@@ -52,6 +51,12 @@ class FnSpec:
   arg_bytes: int  # per-device argument bytes (used when the compile runs out of memory)
   cost: Cost
   calls: int = 1  # calls per training iteration
+  # Samplers: their decode step lowered alone (aot.decode.lower_decode_step), one per cache
+  # segment (reading the slots filled by its end), with the steps each runs. The report then
+  # counts bytes as `cost.bytes` (the prefill) + the sum of steps x each compiled step's XLA
+  # bytes per device: what the step's program reads, whichever of weights or activations XLA
+  # moves between chips, where an analytic count must guess.
+  decode_segments: Callable[[], list[tuple[int, Any]]] | None = None
 
 
 def _round_up(x: int, m: int) -> int:
@@ -102,22 +107,37 @@ def _sampler_spec(
   )
   if group_size > 1:  # the default stays out of the call, as train.py's assistant passes none
     kw["group_size"] = group_size
-  acts = forward_bytes(cfg, u, prompt, prompt, 1, tensor) + new * forward_bytes(
-    cfg, rows, 1, prompt + new + 1, 1, tensor
-  )
-  # Weight reads: the prefill's (as the params are), then each decode step's copy in the
-  # compute dtype as sample_kw["weights_sharding"] lays it out.
-  step_w = decode_step_weight_bytes(cfg, params, mesh, sample_kw.get("weights_sharding"))
+
+  def decode_segments():
+    from cooper_jax.aot.decode import lower_decode_step  # pylint: disable=import-outside-toplevel
+    from cooper_jax.sampling import CACHE_SEGMENTS, segment_ends  # pylint: disable=import-outside-toplevel
+
+    step_kw = {k: v for k, v in kw.items() if k not in ("cfg", "max_new_tokens")}
+    ends = segment_ends(new, step_kw.pop("cache_segments", CACHE_SEGMENTS))
+    step_kw.pop("grow_cache", None)
+    lower = lambda slots: lower_decode_step(
+      cfg, mesh, rows, prompt, new, read_slots=slots, **step_kw
+    )[0]
+    starts = [0] + ends[:-1]
+    return [
+      (end - start, lower(None if end == new else prompt + end)) for start, end in zip(starts, ends)
+    ]
+
   return FnSpec(
     name,
     lambda: sample.lower(params, batch["t"], batch["m"], rng, **kw),
     device_bytes(params),
     device_bytes(params) + device_bytes(batch),
+    # FLOPs of the whole call; bytes of the prefill (its activations, the weights once): the
+    # decode steps' bytes come from their compiled program (FnSpec.decode_segments).
     Cost(
       sampler_flops(cfg, rows, prompt, new, prefill_rows=u),
-      per_device(acts, weight_bytes(cfg), n_dev, tensor, 1) + new * step_w,
+      per_device(
+        forward_bytes(cfg, u, prompt, prompt, 1, tensor), weight_bytes(cfg), n_dev, tensor, 1
+      ),
     ),
     calls,
+    decode_segments=decode_segments,
   )
 
 

@@ -172,8 +172,8 @@ def abstract_batch(mesh, shapes: dict[str, tuple[tuple[int, ...], Any]]):
 def decode_weight_copy(params, dtype, weights_sharding=None):
   """transformer.split_layers(params, dtype) on ShapeDtypeStructs, as `sampling.sample` hands
   the weights to its decode steps: per layer, the shape and partition spec without the leading
-  layer axis, every leaf in dtype, then placed by `weights_sharding` (sample's; None: as the
-  params are; sharding.decode_weight_shardings)."""
+  layer axis, every leaf in dtype, every leaf in `weights_sharding` if given (sample's,
+  rollout.decode_weights; None: as the params are)."""
   from jax.sharding import NamedSharding  # pylint: disable=import-outside-toplevel
   from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
 
@@ -186,21 +186,9 @@ def decode_weight_copy(params, dtype, weights_sharding=None):
   split = {**jax.tree.map(cast, params), "layers": (layer,) * n}
   if weights_sharding is None:
     return split
-  target = sharding.decode_weight_shardings(split, weights_sharding)
-  if not isinstance(target, dict):  # one sharding for every leaf
-    target = jax.tree.map(lambda _: weights_sharding, split)
   return jax.tree.map(
-    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), split, target
+    lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=weights_sharding), split
   )
-
-
-def decode_step_weight_bytes(cfg: ModelConfig, params, mesh, weights_sharding=None) -> float:
-  """Weight bytes one device reads per decode step, the copy in the compute dtype: with the
-  params' own (fsdp) layout every weight is gathered, so the whole copy split only over
-  `tensor`; replicated, the whole copy; split (sharding.SplitDecodeWeights), its shard."""
-  if weights_sharding is None:
-    return cfg.num_params() * jnp.dtype(cfg.jnp_dtype).itemsize / mesh.shape["tensor"]
-  return device_bytes(decode_weight_copy(params, cfg.jnp_dtype, weights_sharding))
 
 
 def device_bytes(tree) -> int:

@@ -42,6 +42,9 @@ class FnResult:
   xla_flops: float | None = None  # raw cost_analysis (loop bodies counted once), one call
   xla_bytes: float | None = None
   xla_peak_gib: float | None = None
+  # Samplers: XLA's bytes per device of one decode step compiled alone, averaged over the
+  # cache segments' steps; `bytes` counts it once per new token on top of the prefill's.
+  decode_step_bytes: float | None = None
   error: str | None = None
 
   def row(self) -> dict:
@@ -77,8 +80,9 @@ class Report:
       "resident = that total - the function's own persistent arguments + its peak (XLA buffer "
       "assignment: arguments + outputs - aliased + temporaries)\n"
       "FLOPs: analytic matmul count (fwd 2/weight/token, bwd 2x, + remat recompute), per device"
-      " per iteration (x calls); bytes: analytic HBM-traffic estimate; roofline = max(FLOPs/peak,"
-      " bytes/bandwidth); decode counts all max_new_tokens steps"
+      " per iteration (x calls); bytes: analytic HBM-traffic estimate, except a sampler's decode"
+      " steps: the XLA bytes of its decode step compiled alone, per cache segment, x its steps;"
+      " roofline = max(FLOPs/peak, bytes/bandwidth)"
     )
 
 
@@ -169,7 +173,23 @@ def compile_iteration(
     # What else stays on the chip while this runs, plus this function's own footprint.
     resident = resident_base - spec.persistent_arg_bytes + peak
     f_dev = spec.cost.flops / len(devices) * spec.calls
-    b_dev = spec.cost.bytes * spec.calls
+    decode_b, step_b = 0.0, None
+    if spec.decode_segments is not None:  # a sampler: its compiled decode steps' bytes
+      steps_and_bytes = []
+      for n_steps, step_low in spec.decode_segments():
+        key = (topology, hashlib.sha256(step_low.as_text().encode()).hexdigest())
+        if cache is None or key not in cache:
+          step_measured = _measure(step_low)
+          if cache is not None:
+            cache[key] = step_measured
+        else:
+          step_measured = cache[key]
+        if step_measured[0] is not None:
+          steps_and_bytes.append((n_steps, step_measured[0][6]))
+      if steps_and_bytes:
+        decode_b = sum(n * b for n, b in steps_and_bytes)
+        step_b = decode_b / sum(n for n, _ in steps_and_bytes)
+    b_dev = (spec.cost.bytes + decode_b) * spec.calls
     g = lambda x: None if x is None else x / GIB
     results.append(
       FnResult(
@@ -192,6 +212,7 @@ def compile_iteration(
         xla_flops=xf,
         xla_bytes=xb,
         xla_peak_gib=g(xpeak),
+        decode_step_bytes=step_b,
         error=err,
       )
     )
