@@ -17,6 +17,10 @@ CPU sections (`--only` picks some):
                best of 3 per run; and its model FLOP/s vs the matmul peak.
   checkpoint   CheckpointStore save / restore of the policy + RM train states vs np.save /
                np.load of the same arrays.
+  tunix_sampler  cooper_jax `sample` vs tunix's `Sampler` (google-tunix 0.1.7, JAX too) on the
+               same weights, ids and sizes as `sampler`, after a correctness gate (logits within
+               1e-3 of ours, 16 greedy tokens equal on two prompts); both processes pinned to 2
+               CPUs (benchmarks/tunix_side.py, venv --tunix-python, default /tmp/tunix).
   iteration    one Cooper iteration vs one rule-only iteration of experiments/smollm2.py
                (cpu_smoke sizes, perturb negatives, same seed so the same prompts), through
                cooper_jax.train.train, with the loop's time/* metrics side by side; trained
@@ -48,10 +52,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `benchmarks` and `cooper_jax` importable
   sys.path.insert(0, str(REPO))
 
-from benchmarks import harness  # noqa: E402
+from benchmarks import harness, tunix_side  # noqa: E402
 from benchmarks.torch_side import DEFAULT_TORCH_PYTHON  # noqa: E402
 
-SECTIONS = ("matmul", "sampler", "policy_step", "checkpoint", "iteration")
+SECTIONS = ("matmul", "sampler", "tunix_sampler", "policy_step", "checkpoint", "iteration")
 
 # Hugging Face transformers 5.17 / PyTorch 2.11 on one H200, random bf16 weights
 # (../shared/docs/gpu-and-peers.md): generate at batch 256, prompt 256, 512 new tokens, and a
@@ -73,6 +77,9 @@ def parse_args(argv=None):
   ap.add_argument("--allow-noisy", action="store_true", help="time even if load > 2 (NOISY)")
   ap.add_argument("--torch-python", default=DEFAULT_TORCH_PYTHON, help="python of the torch venv")
   ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer (no ratios)")
+  ap.add_argument(
+    "--tunix-python", default=tunix_side.DEFAULT_TUNIX_PYTHON, help="python of the tunix venv"
+  )
   ap.add_argument("--batches", default=None, help="sampler batches (default 16,64)")
   ap.add_argument("--new-tokens", type=int, default=None, help="sampler new tokens (128)")
   ap.add_argument("--workdir", default=None, help="parent of the scratch directory")
@@ -220,6 +227,23 @@ def cpu_mode(args, report) -> None:
       )
       print("sampler done", flush=True)
 
+    if "tunix_sampler" in args.only:
+      if hf_dir is None:
+        hf_dir = str(save_hf_dir(cfg, params, root / "hf"))
+      tunix_side.tunix_sampler_section(
+        report,
+        cfg,
+        params,
+        prompts,
+        sz["batches"],
+        sz["new_tokens"],
+        args.tunix_python,
+        hf_dir,
+        args.runs,
+        sz["sampler_reps"],
+      )
+      print("tunix_sampler done", flush=True)
+
     policy_state = None
     if "policy_step" in args.only or "checkpoint" in args.only:
       b, p, n = sz["step"]
@@ -349,6 +373,8 @@ def gpu_mode(args, report) -> None:
   if jax.default_backend() != "gpu":
     print(f"WARNING: jax backend is {jax.default_backend()!r}, not 'gpu'; peers are an H200")
   shapes = S.gpu_shapes()
+  if "tunix_sampler" in args.only:
+    print("tunix_sampler: CPU mode only, skipped")
   if args.quick:
     full = dict(batch=256, prompt=256, new_tokens=512, step=(16, 512, 512))
     trace_full_shapes(report, shapes, full)
@@ -424,6 +450,9 @@ def main(argv=None) -> int:
     # The CPU mode times the CPU: keep jax off any other backend it may find (and libtpu's
     # start-up probing out of the output).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "tunix_sampler" in args.only:  # both sides of it on CPUS threads: pin before jax starts
+      n = tunix_side.CPUS
+      print(f"pinned to CPUs {tunix_side.limit_cpus(n)} (tunix_sampler: {n} threads a side)")
   try:
     # Quick mode is a smoke check, never a figure: a busy machine marks it, never stops it.
     loads, noisy = harness.load_gate(args.allow_noisy, refuse=not args.quick)
@@ -449,6 +478,7 @@ def main(argv=None) -> int:
     },
   )
   report.meta["machine"] = machine()
+  report.meta["cpus"] = sorted(os.sched_getaffinity(0))
   report.partial_path = args.out
   t0 = time.perf_counter()
   (gpu_mode if args.gpu else cpu_mode)(args, report)

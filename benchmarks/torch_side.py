@@ -23,30 +23,33 @@ DEFAULT_TORCH_PYTHON = "/tmp/ref/bin/python"
 
 
 # ------------------------------------------------------------------------ project side (client)
-class TorchPeer:
-  """A running worker; `call(op, **kw)` returns its answer as a dict."""
+class WorkerClient:
+  """A long-lived peer worker: `script --serve` under another venv's python, one JSON request
+  per line on its stdin, one JSON answer per line on its stdout; arrays travel as .npz files.
+  `call(op, **kw)` returns the answer as a dict. The torch and tunix peers both use it."""
 
-  def __init__(self, python: str = DEFAULT_TORCH_PYTHON):
+  name = "peer"
+
+  def __init__(self, python: str, script: str, env: dict, hint: str):
     if not os.path.exists(python):
-      raise FileNotFoundError(
-        f"torch venv python {python} not found; create it with `python3.11 -m venv /tmp/ref && "
-        "/tmp/ref/bin/pip install torch==2.13.0 transformers==5.24.0 safetensors`"
-      )
-    self.tmp = tempfile.TemporaryDirectory(prefix="bench_torch_")
-    env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1")
+      raise FileNotFoundError(f"{self.name} venv python {python} not found; {hint}")
+    self.tmp = tempfile.TemporaryDirectory(prefix=f"bench_{self.name}_")
     self.proc = subprocess.Popen(
-      [python, os.path.abspath(__file__), "--serve"],
+      [python, os.path.abspath(script), "--serve"],
       stdin=subprocess.PIPE,
       stdout=subprocess.PIPE,
       text=True,
-      env=env,
+      env=dict(os.environ, **env),
     )
     self._n = 0
     self.info = self.call("hello")
 
-  def save_arrays(self, **arrays) -> str:
+  def path(self, stem: str) -> str:
     self._n += 1
-    path = os.path.join(self.tmp.name, f"in{self._n}.npz")
+    return os.path.join(self.tmp.name, f"{stem}{self._n}.npz")
+
+  def save_arrays(self, **arrays) -> str:
+    path = self.path("in")
     np.savez(path, **arrays)
     return path
 
@@ -55,10 +58,10 @@ class TorchPeer:
     self.proc.stdin.flush()
     line = self.proc.stdout.readline()
     if not line:
-      raise RuntimeError(f"torch worker exited (code {self.proc.wait()}) during {op!r}")
+      raise RuntimeError(f"{self.name} worker exited (code {self.proc.wait()}) during {op!r}")
     out = json.loads(line)
     if "error" in out:
-      raise RuntimeError(f"torch worker, {op}: {out['error']}")
+      raise RuntimeError(f"{self.name} worker, {op}: {out['error']}")
     return out
 
   def close(self) -> None:
@@ -66,6 +69,21 @@ class TorchPeer:
       self.proc.stdin.close()
       self.proc.wait(timeout=60)
     self.tmp.cleanup()
+
+
+class TorchPeer(WorkerClient):
+  """The torch worker (this file under the torch venv's python)."""
+
+  name = "torch"
+
+  def __init__(self, python: str = DEFAULT_TORCH_PYTHON):
+    super().__init__(
+      python,
+      __file__,
+      dict(TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1"),
+      "create it with `python3.11 -m venv /tmp/ref && /tmp/ref/bin/pip install torch==2.13.0 "
+      "transformers==5.24.0 safetensors`",
+    )
 
 
 # ------------------------------------------------------------------------ torch venv (worker)
@@ -189,11 +207,13 @@ class _Worker:
     return {"seconds": seconds, "tokens": int(tokens.numel()), "losses": losses}
 
 
-def serve() -> None:
+def serve(make_worker=None) -> None:
+  """The worker loop of a peer (WorkerClient's other end): `make_worker()` (default this file's
+  torch worker) answers each request line's op with its method of that name."""
   proto = os.fdopen(os.dup(1), "w")
   os.dup2(2, 1)  # whatever the libraries print goes to stderr, not into the protocol
   sys.stdout = sys.stderr
-  worker = _Worker()
+  worker = (make_worker or _Worker)()
   for line in sys.stdin:
     req = json.loads(line)
     op = req.pop("op")

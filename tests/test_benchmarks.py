@@ -229,3 +229,26 @@ def test_recorded_peer_reproduces_its_rate():
   assert 4 * 50 / min(out["seconds"]) == pytest.approx(1000.0)
   out = step(np.zeros((2, 10), np.int32), 5, None, 1)
   assert out["tokens"] / min(out["seconds"]) == pytest.approx(1000.0)
+
+
+def test_tunix_pad_id_is_no_prompt_token():
+  from benchmarks import tunix_side  # pylint: disable=import-outside-toplevel
+
+  chat = np.array([[1, 9690, 2, 198, 1, 4093]])  # <|im_start|> ... <|im_end|> ...
+  assert tunix_side.peer_pad_id(chat) == 16  # <empty_output>, not <|im_end|> (2)
+  assert tunix_side.peer_pad_id(np.array([3, 4, 16, 6]), np.array([5])) == 7
+  tok = tunix_side._IdsTokenizer(16)
+  assert tok.encode(tok.decode([1, 42, 2])) == [1, 42, 2] and tok.bos_id() is None
+
+
+def test_tunix_section_without_its_venv_records_no_ratio(tmp_path):
+  rep = harness.Report("t", {})
+  never = lambda b: pytest.fail("prompts are not needed when the peer is absent")
+  run.tunix_side.tunix_sampler_section(
+    rep, None, None, never, [16, 64], 128, str(tmp_path / "no" / "python"), "hf", 3, 2
+  )
+  assert [f.key for f in rep.figures] == ["tunix_sampler_b16", "tunix_sampler_b64"]
+  for f in rep.figures:
+    assert f.runs == [] and f.worst_ratio is None and "peer not run" in f.notes[0]
+  a = run.parse_args(["--only", "tunix_sampler", "--tunix-python", "/x/python"])
+  assert a.only == ["tunix_sampler"] and a.tunix_python == "/x/python"
