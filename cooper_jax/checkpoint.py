@@ -37,8 +37,12 @@ class CheckpointCorrupt(RuntimeError):
 
 
 def _files(step_dir: epath.Path) -> list[epath.Path]:
-  """Every file under step_dir (epath refuses `**` globs: one listing per directory here)."""
-  return sorted(root / f for root, _, files in step_dir.walk() for f in files)
+  """Every file under step_dir, one listing per directory (epath refuses `**` globs, and its
+  `walk` on gs:// yields roots without the scheme, which would then name local paths)."""
+  out = []
+  for p in step_dir.iterdir():
+    out.extend(_files(p) if p.is_dir() else [p])
+  return sorted(out)
 
 
 def _manifest(step_dir: epath.Path) -> dict[str, list]:

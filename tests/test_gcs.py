@@ -1,0 +1,161 @@
+"""gs:// run directories for real: the tiny config trained with `--workdir gs://<bucket>/run`
+against a local GCS server (tests/gcs_emulator.py), killed with SIGKILL mid-run and restarted;
+metrics and final parameters must equal a local run's exactly, and metrics, config, manifests
+and Orbax checkpoints must be objects in the bucket."""
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import train_cmd
+from gcs_emulator import client_env
+
+from cooper_jax.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+BUCKET = "cooper-test"
+STEPS = 4
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+  """(port, env for the clients): the emulator serving BUCKET for this module. This process
+  reads the bucket too, so the env is set here before anything imports gcsfs (it reads
+  GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT at import)."""
+  for mod in ("gcsfs", "gcp_storage_emulator"):
+    if importlib.util.find_spec(mod) is None:
+      pytest.skip(f"{mod} not installed")
+  assert "gcsfs" not in sys.modules, "gcsfs imported before the emulator's env was set"
+  port = _free_port()
+  mp = pytest.MonkeyPatch()
+  for k, v in client_env(port).items():
+    mp.setenv(k, v)
+  log = tmp_path_factory.mktemp("gcs") / "emulator.log"
+  with open(log, "w", encoding="utf-8") as out:
+    proc = subprocess.Popen(
+      [
+        sys.executable,
+        str(ROOT / "tests" / "gcs_emulator.py"),
+        "--port",
+        str(port),
+        "--bucket",
+        BUCKET,
+      ],
+      stdout=out,
+      stderr=subprocess.STDOUT,
+    )
+  deadline = time.time() + 60
+  while True:
+    try:
+      urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)  # its health check
+      break
+    except OSError:
+      if time.time() > deadline or proc.poll() is not None:
+        proc.kill()
+        pytest.fail(f"GCS emulator did not start: {log.read_text()[-2000:]}")
+      time.sleep(0.2)
+  yield port, client_env(port)
+  proc.kill()
+  proc.wait()
+  mp.undo()
+
+
+def _env(gcs_env):
+  return dict(os.environ, **gcs_env, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+
+
+def _run(workdir, env, steps=STEPS, wait=True):
+  cmd = train_cmd(workdir, steps, "--config.train.checkpoint_every=1")
+  if not wait:
+    return subprocess.Popen(
+      cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+  p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  return p
+
+
+def _comparable(rows):
+  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def _params(workdir: str):
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+  from cooper_jax.checkpoint import CheckpointStore  # pylint: disable=import-outside-toplevel
+  from cooper_jax.paths import as_path  # pylint: disable=import-outside-toplevel
+
+  store = CheckpointStore(as_path(workdir) / "checkpoints")
+  step = store.steps()[-1]
+  out = store.manager.restore(
+    step, args=ocp.args.Composite(policy=ocp.args.StandardRestore(), rm=ocp.args.StandardRestore())
+  )
+  store.close()
+  return step, {k: out[k] for k in ("policy", "rm")}
+
+
+def test_killed_gs_run_resumes_to_the_local_runs_parameters(gcs, tmp_path):
+  _, env = gcs
+  import gcsfs  # pylint: disable=import-outside-toplevel
+
+  fs = gcsfs.GCSFileSystem(token="anon")
+  local, remote = tmp_path / "local", f"gs://{BUCKET}/run"
+  _run(local, _env({}))
+
+  proc = _run(remote, _env(env), wait=False)
+  metrics = f"{BUCKET}/run/metrics.jsonl"
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if fs.exists(metrics) and len(fs.cat(metrics).splitlines()) >= 2:
+      break
+    fs.invalidate_cache()
+    time.sleep(0.1)
+  assert proc.poll() is None, (
+    "the gs:// run ended before it could be killed:\n" + proc.stdout.read()[-3000:]
+  )
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  fs.invalidate_cache()
+  left = sorted(
+    int(p.rsplit("/", 1)[1])
+    for p in fs.ls(f"{BUCKET}/run/checkpoints")
+    if p.rsplit("/", 1)[1].isdigit()
+  )
+  print(f"killed after {len(fs.cat(metrics).splitlines())} steps; steps in the bucket: {left}")
+  assert left and max(left) < STEPS
+
+  p = _run(remote, _env(env))
+  assert "resumed from" in p.stderr, p.stderr[-3000:]
+  fs.invalidate_cache()
+  for name in ("config.json", "metrics.jsonl", f"checkpoints/{STEPS}/cooper_manifest.json"):
+    assert fs.exists(f"{BUCKET}/run/{name}"), name
+  manifest = json.loads(fs.cat(f"{BUCKET}/run/checkpoints/{STEPS}/cooper_manifest.json"))
+  assert any(k.startswith("policy/") for k in manifest) and any(
+    k.startswith("rm/") for k in manifest
+  )
+  assert not list(Path.cwd().glob(f"{BUCKET}*")), "a gs:// path was written as a local directory"
+
+  rows = read_metrics(remote)
+  assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+  assert _comparable(rows) == _comparable(read_metrics(local))
+  (sa, pa), (sb, pb) = _params(str(local)), _params(remote)
+  assert sa == sb == STEPS
+  import jax  # pylint: disable=import-outside-toplevel
+
+  jax.tree.map(np.testing.assert_array_equal, pa, pb)
+  assert float(rows[0]["policy/grad_norm"]) > 0  # training moved the policy
