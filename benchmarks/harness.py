@@ -127,6 +127,30 @@ class Figure:
     return d
 
 
+def our_gate_side(cfg, params, tokens, mask, greedy_tokens: int):
+  """Our side of a peer's correctness gate: `forward`'s logits at every position of the
+  left-padded ids, and `greedy_tokens` greedy tokens of `sample` (no EOS), as numpy arrays."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from cooper_jax.models.transformer import forward  # pylint: disable=import-outside-toplevel
+  from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
+
+  logits = np.asarray(jax.jit(forward, static_argnums=0)(cfg, params, tokens, mask))
+  out = sample(
+    params,
+    jnp.asarray(tokens),
+    jnp.asarray(mask),
+    jax.random.key(0),
+    cfg=cfg,
+    max_new_tokens=greedy_tokens,
+    temperature=0.0,
+    eos_ids=(),
+  )
+  return logits, np.asarray(out.tokens)
+
+
 def _num(x: float) -> str:
   if x == 0:
     return "0"

@@ -26,6 +26,13 @@ CPU sections (`--only` picks some):
                cooper_jax.train.train, with the loop's time/* metrics side by side; trained
                on one-step sums (sections.easy_arithmetic) so that Cooper's RM update falls in
                the timed steps; 2 warm-up steps (policy_step and rm_step compile).
+  trl_iteration  one GRPO iteration of TRL's GRPOTrainer (trl 1.16.0, torch, HF generate) vs one
+               rule-only iteration of our train loop: experiments/smollm2.py:cpu_smoke sizes and
+               GSM8K prompts (the ones our loop draws, in its order, on both sides), same fp32
+               weights, rule reward, KL coefficient, lr and EOS ids; per step and split into
+               generation / the rest; after a correctness gate as tunix_sampler's; 2 warm-up
+               steps; 2 threads a side (benchmarks/trl_side.py, venv --trl-python, default
+               /tmp/trl).
 
 The torch side runs in a throwaway venv (--torch-python, default /tmp/ref/bin/python) as one
 long-lived subprocess (benchmarks/torch_side.py), so each run times the peer right before ours.
@@ -52,10 +59,18 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `benchmarks` and `cooper_jax` importable
   sys.path.insert(0, str(REPO))
 
-from benchmarks import harness, tunix_side  # noqa: E402
+from benchmarks import harness, trl_side, tunix_side  # noqa: E402
 from benchmarks.torch_side import DEFAULT_TORCH_PYTHON  # noqa: E402
 
-SECTIONS = ("matmul", "sampler", "tunix_sampler", "policy_step", "checkpoint", "iteration")
+SECTIONS = (
+  "matmul",
+  "sampler",
+  "tunix_sampler",
+  "policy_step",
+  "checkpoint",
+  "iteration",
+  "trl_iteration",
+)
 
 # Hugging Face transformers 5.17 / PyTorch 2.11 on one H200, random bf16 weights
 # (../shared/docs/gpu-and-peers.md): generate at batch 256, prompt 256, 512 new tokens, and a
@@ -79,6 +94,9 @@ def parse_args(argv=None):
   ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer (no ratios)")
   ap.add_argument(
     "--tunix-python", default=tunix_side.DEFAULT_TUNIX_PYTHON, help="python of the tunix venv"
+  )
+  ap.add_argument(
+    "--trl-python", default=trl_side.DEFAULT_TRL_PYTHON, help="python of the TRL venv"
   )
   ap.add_argument("--batches", default=None, help="sampler batches (default 16,64)")
   ap.add_argument("--new-tokens", type=int, default=None, help="sampler new tokens (128)")
@@ -120,6 +138,12 @@ def sizes(args) -> dict:
       iteration=("experiments/tiny.py", ("rollout.max_new_tokens=8",), 1, False)
       if q
       else ("experiments/smollm2.py:cpu_smoke", (), 2, True),
+      # (spec, overrides, warm-up steps); GSM8K prompts, not the easy sums: rule-only needs no
+      # RM update, and 64 new tokens of a GSM8K answer mostly run to the cap on both sides, so
+      # both sides generate about the same number of tokens per step.
+      trl_iteration=("experiments/tiny.py", ("rollout.max_new_tokens=8",), 1)
+      if q
+      else ("experiments/smollm2.py:cpu_smoke", (), 2),
     )
   if args.batches:
     s["batches"] = [int(b) for b in args.batches.split(",")]
@@ -300,6 +324,13 @@ def cpu_mode(args, report) -> None:
         overrides += (f"data.train={S.easy_arithmetic(root / 'easy_sums.jsonl')}",)
       S.iteration_section(report, spec, args.runs, root / "train", overrides, warmup=warmup)
       print("iteration done", flush=True)
+
+    if "trl_iteration" in args.only:
+      spec, overrides, warmup = sz["trl_iteration"]
+      trl_side.trl_iteration_section(
+        report, spec, overrides, warmup, args.runs, root / "trl", args.trl_python
+      )
+      print("trl_iteration done", flush=True)
   finally:
     if peer is not None:
       peer.close()
@@ -373,8 +404,9 @@ def gpu_mode(args, report) -> None:
   if jax.default_backend() != "gpu":
     print(f"WARNING: jax backend is {jax.default_backend()!r}, not 'gpu'; peers are an H200")
   shapes = S.gpu_shapes()
-  if "tunix_sampler" in args.only:
-    print("tunix_sampler: CPU mode only, skipped")
+  for name in ("tunix_sampler", "trl_iteration"):
+    if name in args.only:
+      print(f"{name}: CPU mode only, skipped")
   if args.quick:
     full = dict(batch=256, prompt=256, new_tokens=512, step=(16, 512, 512))
     trace_full_shapes(report, shapes, full)
@@ -450,9 +482,10 @@ def main(argv=None) -> int:
     # The CPU mode times the CPU: keep jax off any other backend it may find (and libtpu's
     # start-up probing out of the output).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    if "tunix_sampler" in args.only:  # both sides of it on CPUS threads: pin before jax starts
-      n = tunix_side.CPUS
-      print(f"pinned to CPUs {tunix_side.limit_cpus(n)} (tunix_sampler: {n} threads a side)")
+    peers = [s for s in ("tunix_sampler", "trl_iteration") if s in args.only]
+    if peers:  # both sides of them on CPUS threads: pin before jax starts
+      n = tunix_side.CPUS  # == trl_side.CPUS
+      print(f"pinned to CPUs {tunix_side.limit_cpus(n)} ({', '.join(peers)}: {n} threads a side)")
   try:
     # Quick mode is a smoke check, never a figure: a busy machine marks it, never stops it.
     loads, noisy = harness.load_gate(args.allow_noisy, refuse=not args.quick)

@@ -78,31 +78,16 @@ def gate(cfg, params, tokens, mask, peer: TunixPeer, hf_dir: str, greedy_tokens:
   """The peer runs our model, or no timing: (ok, figures). Logits of every real position of
   the same left-padded ids (the last one is what the first new token is drawn from) within
   1e-3 of `forward`'s, and `greedy_tokens` greedy tokens equal to `sample`'s."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-
-  from cooper_jax.models.transformer import forward  # pylint: disable=import-outside-toplevel
-  from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
+  from benchmarks.harness import our_gate_side  # pylint: disable=import-outside-toplevel
 
   pad = peer_pad_id(tokens[mask])
   npz = peer.save_arrays(tokens=tokens, mask=mask, pad_id=pad)
   out = peer.path("logits")
   theirs = peer.call("logits", hf_dir=hf_dir, npz=npz, out=out)
-  ours_l = np.asarray(jax.jit(forward, static_argnums=0)(cfg, params, tokens, mask))
+  ours_l, ours_g = our_gate_side(cfg, params, tokens, mask, greedy_tokens)
   with np.load(out) as z:
     peer_l, unpatched = z["logits"], z["unpatched"]
   diff = np.abs(ours_l - peer_l)[mask]  # [real positions, vocab]
-  ours_g = sample(
-    params,
-    jnp.asarray(tokens),
-    jnp.asarray(mask),
-    jax.random.key(0),
-    cfg=cfg,
-    max_new_tokens=greedy_tokens,
-    temperature=0.0,
-    eos_ids=(),
-  )
-  ours_g = np.asarray(ours_g.tokens)
   peer_g = np.asarray(
     peer.call("greedy", hf_dir=hf_dir, npz=npz, new_tokens=greedy_tokens)["tokens"]
   )

@@ -252,3 +252,121 @@ def test_tunix_section_without_its_venv_records_no_ratio(tmp_path):
     assert f.runs == [] and f.worst_ratio is None and "peer not run" in f.notes[0]
   a = run.parse_args(["--only", "tunix_sampler", "--tunix-python", "/x/python"])
   assert a.only == ["tunix_sampler"] and a.tunix_python == "/x/python"
+
+
+def test_trl_config_follows_our_run_config():
+  from benchmarks import trl_side  # pylint: disable=import-outside-toplevel
+
+  c = trl_side.run_config("experiments/smollm2.py:cpu_smoke")
+  kw = trl_side.grpo_config(c, 4)
+  assert kw["per_device_train_batch_size"] == 8 and kw["num_generations"] == 4
+  assert kw["gradient_accumulation_steps"] == 1 and kw["num_iterations"] == 1
+  assert kw["max_completion_length"] == 64 and kw["temperature"] == 1.0 and kw["max_steps"] == 4
+  assert kw["beta"] == c.policy.loss.kl_coef == 0.001 and kw["learning_rate"] == 1e-6
+  assert kw["weight_decay"] == 0.01 and kw["max_grad_norm"] == 1.0 and kw["seed"] == c.seed
+  assert kw["lr_scheduler_type"] == "constant" and kw["loss_type"] == "dapo"
+  assert kw["scale_rewards"] == "group" and kw["epsilon"] == 0.2 and kw["epsilon_high"] is None
+  for off in ("bf16", "fp16", "activation_checkpointing", "use_vllm", "shuffle_dataset"):
+    assert kw[off] is False, off
+  c.policy.optim.warmup_steps = 5
+  kw = trl_side.grpo_config(c, 4)
+  assert kw["lr_scheduler_type"] == "constant_with_warmup" and kw["warmup_steps"] == 5
+  c.policy.loss.agg = "seq_mean_token_sum"
+  with pytest.raises(ValueError, match="agg"):
+    trl_side.grpo_config(c, 4)
+
+
+def _trl_steps(n, step_s=5.0, gen_s=2.0):
+  return [
+    {
+      "step": i + 1,
+      "step_s": step_s + i,
+      "generate_s": gen_s,
+      "generate_calls": 1,
+      "completions/mean_length": 60.0,
+    }
+    for i in range(n)
+  ]
+
+
+def test_trl_pair_steps_splits_generation_from_the_rest():
+  from benchmarks import trl_side  # pylint: disable=import-outside-toplevel
+
+  ours = [
+    {"time/step_s": 10.0 + i, "time/sample_s": 4.0, "response/len_mean": 64.0} for i in range(3)
+  ]
+  theirs = _trl_steps(3)
+  pairs = trl_side.pair_steps(ours, theirs, 1)
+  assert [p["step"] for p in pairs] == [2, 3]
+  assert pairs[0]["ours"] == {"generate": 4.0, "update": 7.0, "step": 11.0, "len": 64.0}
+  assert pairs[1]["trl"] == {"generate": 2.0, "update": 5.0, "step": 7.0, "len": 60.0}
+  with pytest.raises(ValueError):
+    trl_side.pair_steps(ours, theirs[:2], 1)  # not the same steps on both sides
+  with pytest.raises(ValueError):
+    trl_side.pair_steps(ours, theirs, 3)  # nothing left after the warm-up
+  theirs[0]["generate_calls"] = 0  # even in a warm-up step: the timer missed generate
+  with pytest.raises(RuntimeError, match="generate calls"):
+    trl_side.pair_steps(ours, theirs, 1)
+
+
+def test_trl_section_pairs_the_steps(tmp_path, monkeypatch):
+  from benchmarks import trl_side  # pylint: disable=import-outside-toplevel
+
+  class FakePeer:
+    info = {"trl": "1.16.0", "torch": "x", "threads": 2, "cpus": [0, 1]}
+
+    def __init__(self, python):
+      self.tmp = type("Tmp", (), {"name": str(tmp_path)})()
+
+    def call(self, op, **kw):
+      assert op == "iteration" and kw["config"]["max_steps"] == 3 and kw["eos_ids"] == [2, 0]
+      assert len(json.loads(Path(kw["prompts"]).read_text())) == 1
+      return {"steps": _trl_steps(3), "resolved": {}, "reward_status": {"ok": 6}, "init_s": 0.1}
+
+    def close(self):
+      pass
+
+  c = trl_side.run_config("experiments/smollm2.py:cpu_smoke")
+  prompts = [{"prompt": "q", "answer": "1", "ids": [1]}]
+  gate = {"max_abs_logit_diff": 1e-4, "max_abs_logit_diff_last_position": 5e-5}
+  gate.update(positions_compared=152, greedy_equal=True, ok=True)
+  monkeypatch.setattr(trl_side, "TrlPeer", FakePeer)
+  monkeypatch.setattr(trl_side, "_prepare", lambda *a: (c, "hf", (2, 0), prompts, gate))
+
+  def fake_train(spec, mode, steps, workdir, overrides):
+    assert mode == "rule" and steps == 3 and overrides == ()
+    return [{"time/step_s": 8.0, "time/sample_s": 3.0} for _ in range(steps)]
+
+  rep = harness.Report("t", {})
+  trl_side.trl_iteration_section(rep, "s", (), 1, 2, tmp_path, "py", run_train=fake_train)
+  step, gen, upd = rep.figures
+  assert [f.key for f in rep.figures] == [
+    "trl_iteration",
+    "trl_iteration_generate",
+    "trl_iteration_update",
+  ]
+  assert [r["step"] for r in step.runs] == [2, 3] and not step.higher_is_better
+  assert step.ratios == [pytest.approx(8 / 6), pytest.approx(8 / 7)]
+  assert gen.ratios == [1.5, 1.5] and upd.ratios == [pytest.approx(5 / 4), 1.0]
+  assert any("best of the 2 timed steps: ours 8.00 s, TRL 6.00 s" in n for n in step.notes)
+  ((title, header, rows),) = rep.tables
+  assert ["2", "TRL", "2.00", "4.00", "6.00", "60.0"] in rows and ["3", "cooper_jax"] == rows[2][:2]
+
+
+def test_trl_section_without_its_venv_records_no_ratio(tmp_path):
+  rep = harness.Report("t", {})
+  never = lambda *a: pytest.fail("our side does not run when the peer is absent")
+  run.trl_side.trl_iteration_section(
+    rep, "experiments/tiny.py", (), 1, 3, tmp_path, str(tmp_path / "no" / "python"), never
+  )
+  assert [f.key for f in rep.figures] == [
+    "trl_iteration",
+    "trl_iteration_generate",
+    "trl_iteration_update",
+  ]
+  for f in rep.figures:
+    assert f.runs == [] and f.worst_ratio is None and "peer not run" in f.notes[0]
+  a = run.parse_args(["--only", "trl_iteration", "--trl-python", "/x/python"])
+  assert a.only == ["trl_iteration"] and a.trl_python == "/x/python"
+  full = run.sizes(run.parse_args([]))
+  assert full["trl_iteration"] == ("experiments/smollm2.py:cpu_smoke", (), 2)

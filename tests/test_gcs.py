@@ -1,7 +1,7 @@
 """gs:// run directories for real: the tiny config trained with `--workdir gs://<bucket>/run`
 against a local GCS server (tests/gcs_emulator.py), killed with SIGKILL mid-run and restarted;
-metrics and final parameters must equal a local run's exactly, and metrics, config, manifests
-and Orbax checkpoints must be objects in the bucket."""
+metrics, saved rollouts and final parameters must equal a local run's exactly, and metrics,
+config, manifests and Orbax checkpoints must be objects in the bucket."""
 
 import importlib.util
 import json
@@ -80,7 +80,9 @@ def _env(gcs_env):
 
 
 def _run(workdir, env, steps=STEPS, wait=True):
-  cmd = train_cmd(workdir, steps, "--config.train.checkpoint_every=1")
+  cmd = train_cmd(
+    workdir, steps, "--config.train.checkpoint_every=1", "--config.train.save_rollouts=3"
+  )
   if not wait:
     return subprocess.Popen(
       cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -150,6 +152,12 @@ def test_killed_gs_run_resumes_to_the_local_runs_parameters(gcs, tmp_path):
   )
   assert not list(Path.cwd().glob(f"{BUCKET}*")), "a gs:// path was written as a local directory"
 
+  # rollouts.jsonl: the restart rewrote the steps after its checkpoint, no duplicates
+  saved = [json.loads(l) for l in fs.cat(f"{BUCKET}/run/rollouts.jsonl").splitlines()]
+  assert [(r["step"], r["row"]) for r in saved] == [
+    (s, i) for s in range(1, STEPS + 1) for i in range(3)
+  ]
+  assert saved == [json.loads(l) for l in (local / "rollouts.jsonl").read_text().splitlines()]
   rows = read_metrics(remote)
   assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
   assert _comparable(rows) == _comparable(read_metrics(local))

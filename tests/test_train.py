@@ -119,7 +119,7 @@ def test_ppo_epochs_and_mini_batches(tmp_path):
   mini-batches take 4 updates clipped against the sampler's log-probs, which agree with the
   trainer's at the sampling parameters (fp32, temperature 1)."""
   one, ppo = tmp_path / "one", tmp_path / "ppo"
-  _train(one, "--config.reward_mode=rule", steps=1)
+  _train(one, "--config.reward_mode=rule", "--config.train.save_rollouts=3", steps=1)
   _train(
     ppo,
     "--config.reward_mode=rule",
@@ -133,6 +133,12 @@ def test_ppo_epochs_and_mini_batches(tmp_path):
   for m in (a, b):
     assert m["policy/sampler_logp_abs_diff"] < 1e-4 and abs(m["policy/sampler_kl"]) < 1e-6
   assert a["reward/mean"] == b["reward/mean"]  # same rollouts, different updates
+  # rollouts.jsonl: train.save_rollouts rows of the step, each row's reward its rule verdict
+  # (resumed runs rewriting the steps after the checkpoint: tests/test_gcs.py)
+  rows = [json.loads(l) for l in (one / "rollouts.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["row"]) for r in rows] == [(1, 0), (1, 1), (1, 2)]
+  assert {"question", "reference", "response"} <= set(rows[0])
+  assert all(r["reward"] == float(r["rule_correct"]) for r in rows)
   # At the sampling parameters the first update's ratio is 1 whatever the temperature: the
   # trainer's log-probs read softmax(logits / T) as the sampler did.
   for m in (a, b):
@@ -156,21 +162,6 @@ def test_static_rm_holds_no_optimizer_state_and_resumes(tmp_path):
 
   assert jax.tree.leaves(state["rm"]["opt_state"]) == []
   assert jax.tree.leaves(state["policy"]["opt_state"])  # the policy's AdamW is there
-
-
-def test_rollouts_are_saved_per_step_and_resume_replaces_them(tmp_path):
-  """rollouts.jsonl: train.save_rollouts rows per step; under the rule reward each row's
-  reward is its rule verdict; a resumed run rewrites the steps after its checkpoint."""
-  _train(tmp_path, "--config.reward_mode=rule", "--config.train.save_rollouts=3", steps=2)
-  rows = [json.loads(l) for l in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
-  assert [r["row"] for r in rows] == [0, 1, 2] * 2
-  assert {"question", "reference", "response"} <= set(rows[0])
-  assert all(r["reward"] == float(r["rule_correct"]) for r in rows)
-  # tiny.py checkpoints every 2 steps: resume at 2 and run 1 more step
-  _train(tmp_path, "--config.reward_mode=rule", "--config.train.save_rollouts=3", steps=3)
-  again = [json.loads(l) for l in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
-  assert again[:6] == rows and [r["step"] for r in again[6:]] == [3, 3, 3]
 
 
 def test_bucket_rounds_up_within_the_cap():

@@ -1,0 +1,506 @@
+"""The TRL peer: GRPO iterations of TRL's `GRPOTrainer` (PyTorch, HF `generate`), timed in a
+throwaway venv (never a project dependency) next to rule-only iterations of our train loop.
+
+Protocol and layout as tunix_side.py: `TrlPeer` here, `_Worker` under the TRL venv's python,
+numpy and the stdlib at module level only. The worker loads one project file,
+cooper_jax/rewards/verify.py, by path (stdlib + math-verify: no package, no jax), so both sides
+score every completion with the very same `verify_one`.
+
+Both sides run the same fp32 weights (our export, gated first), the prompts our train loop draws
+at each step in its order (chat-templated text; TRL tokenizes it, checked equal to our ids),
+P prompts x G samples at temperature 1.0 stopping on the same EOS ids, the rule reward, group-
+normalised advantages, a token-mean GRPO loss with a k3 KL term to a frozen reference, grad clip
+and AdamW at our lr, one update per batch. `grpo_config` maps our config onto GRPOConfig; what
+it cannot map is NOT_MATCHED (in the report's notes).
+
+Traps of TRL 1.16.0 / transformers 5.24 that make the peer run something else than ours, each
+handled in `grpo_config` or the worker:
+- GRPOConfig defaults to bf16=True (autocast, on a CPU too) and gradient_checkpointing=True,
+  which transformers 5.24 renamed activation_checkpointing (the old name wins while the new one
+  is unset): bf16=False (fp32 like ours), activation_checkpointing=False (ours recomputes only
+  projections; TRL recomputes whole layers or nothing: nothing, its faster choice).
+- lr_scheduler_type defaults to "linear" decay to 0 over max_steps (with 4 steps the lr changes
+  every step), weight_decay to 0.0, beta (KL) to 0.0 (then there is no reference model at all),
+  shuffle_dataset to True, num_generations to 8: all set from our config.
+- TRL stops generation on the tokenizer's eos and model.generation_config.eos_token_id only; our
+  sampler also stops on <|endoftext|> (tokenizer.eos_ids). The worker sets the model's
+  generation_config.eos_token_id to our ids before building the trainer (TRL reads them there,
+  and cuts completions after the first) and refuses to time if TRL ends up with other ids.
+- TRL measures generation (profiling_context "transformers.generate") but reports it only to
+  wandb / mlflow / trackio, and its `step_time` metric times `training_step`, which leaves out
+  grad clipping and optimizer.step (the HF Trainer runs them after it; on the first step of a
+  135M model that was half the step). The worker times a step from on_step_begin to on_step_end
+  (a TrainerCallback) and generation by wrapping `generate` on its own model instance, and
+  refuses a step without exactly one generate call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+if __package__:  # imported by the project side
+  from benchmarks.torch_side import WorkerClient, serve
+else:  # this file as the TRL venv's worker script: its sibling (stdlib and numpy only)
+  from torch_side import WorkerClient, serve  # type: ignore[no-redef]
+
+DEFAULT_TRL_PYTHON = "/tmp/trl/bin/python"
+CPUS = 2  # CPUs (and torch threads) of the worker; run.py pins our side to as many
+# Our loss aggregation -> TRL loss_type of the same normalisation (one process, no accumulation):
+# "dapo" divides by the batch's unmasked tokens, "grpo" averages per sequence.
+LOSS_TYPES = {"token_mean": "dapo", "seq_mean_token_mean": "grpo"}
+NOT_MATCHED = (
+  "TRL's k3 KL is not clamped (ours, low_var_kl: to [-10, 10])",
+  "no dual clip (ours: dual_clip_c 3); with one on-policy update the ratio is 1 and no clip acts",
+  "TRL runs each prompt once per sample (P x G rows); ours once per group (share_prompt) in the "
+  "sampler's prefill, the reference pass and the policy step",
+  "TRL pads prompts and responses to the longest; ours to multiples of "
+  "rollout.prompt_pad_multiple / rollout.response_pad_multiple",
+  "remat: ours recomputes projections in the backward; TRL nothing (its other choice recomputes "
+  "whole layers)",
+  "TRL's generation time is `generate` alone; ours (time/sample_s) also fetches and decodes",
+  "rule reward: ours in a process pool with a 5 s deadline per item; TRL's in-process, none",
+)
+
+
+def grpo_config(c, steps: int) -> dict:
+  """GRPOConfig keyword arguments for `steps` iterations of our run config `c`."""
+  r, p, oc, loss = c.rollout, c.policy, c.policy.optim, c.policy.loss
+  if loss.agg not in LOSS_TYPES:
+    raise ValueError(f"policy.loss.agg={loss.agg!r} has no TRL loss_type")
+  if oc.schedule not in ("constant", "linear_warmup"):
+    raise ValueError(f"policy.optim.schedule={oc.schedule!r}: only constant / linear_warmup map")
+  if p.ppo_mini_batch_size not in (0, r.prompts_per_step * r.group_size):
+    raise ValueError("policy.ppo_mini_batch_size: TRL's update here is one whole-batch step")
+  warm = int(oc.warmup_steps) if oc.schedule == "linear_warmup" else 0
+  return dict(
+    per_device_train_batch_size=r.prompts_per_step * r.group_size,
+    num_generations=r.group_size,
+    gradient_accumulation_steps=1,
+    num_iterations=int(p.ppo_epochs),
+    max_completion_length=int(r.max_new_tokens),
+    temperature=float(r.temperature),
+    top_p=float(r.top_p),
+    top_k=int(r.top_k),
+    beta=float(loss.kl_coef),
+    epsilon=float(loss.clip_eps),
+    epsilon_high=None if loss.clip_eps_high is None else float(loss.clip_eps_high),
+    loss_type=LOSS_TYPES[loss.agg],
+    scale_rewards="group" if loss.scale_adv_by_std else "none",
+    learning_rate=float(oc.lr),
+    lr_scheduler_type="constant_with_warmup" if warm else "constant",
+    warmup_steps=warm,
+    weight_decay=float(oc.weight_decay),
+    adam_beta1=float(oc.b1),
+    adam_beta2=float(oc.b2),
+    adam_epsilon=float(oc.eps),
+    max_grad_norm=float(oc.grad_clip),
+    optim="adamw_torch",
+    bf16=False,
+    fp16=False,
+    activation_checkpointing=False,  # the new name; False here turns the old one off too
+    use_vllm=False,
+    shuffle_dataset=False,
+    seed=int(c.seed),
+    max_steps=int(steps),
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    disable_tqdm=True,
+    use_cpu=True,
+    dataloader_num_workers=0,
+  )
+
+
+def pair_steps(ours: list[dict], theirs: list[dict], warmup: int) -> list[dict]:
+  """Our train loop's metrics rows and the worker's steps (same prompts at the same step) -> one
+  dict per step after `warmup`: per side, seconds of generation, of the rest ("update") and of
+  the step, and the mean response length."""
+  if len(ours) != len(theirs) or len(ours) <= warmup:
+    raise ValueError(f"{len(ours)} of our steps, {len(theirs)} of TRL's, warm-up {warmup}")
+  for t in theirs:
+    if t["generate_calls"] != 1:
+      raise RuntimeError(f"TRL step {t['step']}: {t['generate_calls']} generate calls, not 1")
+  side = lambda gen, step, n: {"generate": gen, "update": step - gen, "step": step, "len": n}
+  return [
+    {
+      "step": i + 1,
+      "ours": side(o["time/sample_s"], o["time/step_s"], o.get("response/len_mean")),
+      "trl": side(t["generate_s"], t["step_s"], t.get("completions/mean_length")),
+    }
+    for i, (o, t) in enumerate(zip(ours, theirs))
+    if i >= warmup
+  ]
+
+
+# ------------------------------------------------------------------------ project side (client)
+class TrlPeer(WorkerClient):
+  """The TRL worker (this file under the TRL venv's python)."""
+
+  name = "trl"
+
+  def __init__(self, python: str = DEFAULT_TRL_PYTHON):
+    env = dict(TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1", HF_HUB_OFFLINE="1")
+    hint = (
+      "create it with `python3.11 -m venv /tmp/trl && /tmp/trl/bin/pip install torch==2.13.0 "
+      "trl==1.16.0 transformers==5.24.0 safetensors math-verify==0.9.0`"
+    )
+    super().__init__(python, __file__, env, hint)
+
+
+def run_config(spec: str, overrides=()):
+  """The run config sections.train_metrics trains (`file.py[:arg]` relative to the repo)."""
+  from benchmarks.sections import REPO  # pylint: disable=import-outside-toplevel
+  from cooper_jax.config import load_config  # pylint: disable=import-outside-toplevel
+
+  path, _, arg = spec.partition(":")
+  return load_config(f"{REPO / path}:{arg}" if arg else str(REPO / path), overrides)
+
+
+def iteration_prompts(c, tokenizer, steps: int) -> list[dict]:
+  """The prompts our train loop draws in its first `steps` steps, in order (same data, seed and
+  iterator), as text (chat-templated, instruction suffix), ids and reference answer."""
+  from cooper_jax.data import PromptIterator, load_qa  # pylint: disable=import-outside-toplevel
+  from cooper_jax.prompts import build_prompts  # pylint: disable=import-outside-toplevel
+
+  d = c.data
+  rows, _ = load_qa(
+    d.train, question_key=d.question_key, answer_key=d.answer_key, on_bad_row=d.on_bad_row
+  )
+  it = PromptIterator(rows, seed=c.seed)
+  drawn = [r for _ in range(steps) for r in it.next_batch(c.rollout.prompts_per_step)]
+  texts = build_prompts(tokenizer, [r["question"] for r in drawn], d.prompt_suffix)
+  out = []
+  for text, r in zip(texts, drawn):
+    ids = tokenizer.encode(text)
+    if len(ids) > c.rollout.max_prompt_len:  # our loop refuses such a prompt; TRL would take it
+      raise ValueError(f"prompt of {len(ids)} tokens > rollout.max_prompt_len")
+    out.append({"prompt": text, "answer": r["answer"], "ids": ids})
+  return out
+
+
+def gate(cfg, params, tokens, mask, pad_id, peer: TrlPeer, hf_dir: str, greedy_tokens: int = 16):
+  """The peer runs our model, or no timing: (ok, figures). Logits of every real position of the
+  same left-padded ids within 1e-3 of `forward`'s, and `greedy_tokens` greedy tokens (no EOS)
+  equal to `sample`'s, from the model as the TRL worker loads it."""
+  from benchmarks.harness import our_gate_side  # pylint: disable=import-outside-toplevel
+
+  out = peer.path("logits")
+  npz = peer.save_arrays(tokens=tokens, mask=mask, pad_id=pad_id)
+  theirs = peer.call("gate", hf_dir=hf_dir, npz=npz, out=out, new_tokens=greedy_tokens)
+  ours_l, ours_g = our_gate_side(cfg, params, tokens, mask, greedy_tokens)
+  with np.load(out) as z:
+    diff = np.abs(ours_l - z["logits"])
+  peer_g = np.asarray(theirs["tokens"])
+  res = {
+    "max_abs_logit_diff": float(diff[mask].max()),
+    "max_abs_logit_diff_last_position": float(diff[:, -1].max()),
+    "positions_compared": int(mask.sum()),
+    "greedy_equal": bool(np.array_equal(ours_g, peer_g)),
+    "greedy_ours": ours_g.tolist(),
+    "greedy_peer": peer_g.tolist(),
+    "load_s": theirs["load_s"],
+  }
+  return res["max_abs_logit_diff"] <= 1e-3 and res["greedy_equal"], res
+
+
+def trl_iteration_section(
+  report, spec: str, overrides, warmup: int, runs: int, workroot, python, run_train=None
+) -> None:
+  """`warmup` + `runs` GRPO iterations of TRL's GRPOTrainer, then as many rule-only iterations
+  of our train loop (`run_train`, default sections.train_metrics) on the same config, prompts
+  and weights; run i pairs step warmup + i of both. No timing unless the gate passes; without
+  the TRL venv the figures stay empty ("peer not run")."""
+  try:
+    peer = TrlPeer(python)
+  except FileNotFoundError as e:
+    print(f"(no TRL peer: {e})", flush=True)
+    peer = None
+  try:
+    _section(report, spec, tuple(overrides), warmup, runs, workroot, peer, run_train)
+  finally:
+    if peer is not None:
+      peer.close()
+
+
+def _section(report, spec, overrides, warmup, runs, workroot, peer, run_train):
+  from benchmarks import harness  # pylint: disable=import-outside-toplevel
+  from benchmarks import sections as S  # pylint: disable=import-outside-toplevel
+
+  label = "TRL GRPOTrainer"
+  if peer is not None:
+    report.meta["trl"] = peer.info
+    label += f" (trl {peer.info['trl']}, torch {peer.info['torch']})"
+  figs = {
+    part: report.figure(
+      key="trl_iteration" + ("" if part == "step" else f"_{part}"),
+      label=f"one rule-only GRPO iteration ({spec}){what}: cooper_jax s / TRL s",
+      unit="s",
+      ours_label="cooper_jax train (rule)",
+      peer_label=label,
+      higher_is_better=False,
+    )
+    for part, what in (("step", ""), ("generate", ", generation"), ("update", ", all but it"))
+  }
+  extras = report.extras.setdefault("trl_iteration", {"spec": spec, "overrides": list(overrides)})
+
+  def refuse(why: str) -> None:
+    print(f"trl_iteration: {why}", flush=True)
+    for f in figs.values():
+      f.notes.append(f"{why}: no ratio")
+    report.save_partial()
+
+  if peer is None:
+    return refuse("peer not run (no TRL venv)")
+  c, hf_dir, eos_ids, prompts, res = _prepare(spec, overrides, warmup + runs, workroot, peer)
+  extras["gate"] = res
+  print(
+    f"TRL gate: max |logit diff| {res['max_abs_logit_diff']:.2e} over "
+    f"{res['positions_compared']} positions (last position "
+    f"{res['max_abs_logit_diff_last_position']:.2e}); 16 greedy tokens x 2 prompts "
+    f"{'equal' if res['greedy_equal'] else 'DIFFER'}",
+    flush=True,
+  )
+  if not res["ok"]:
+    return refuse("correctness gate failed (logits > 1e-3 apart or greedy tokens differ)")
+
+  load = harness.load1()
+  path = os.path.join(peer.tmp.name, "prompts.json")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(prompts, f)
+  kw = grpo_config(c, warmup + runs)
+  verify_py = str(S.REPO / "cooper_jax" / "rewards" / "verify.py")
+  theirs = peer.call(
+    "iteration", hf_dir=hf_dir, prompts=path, config=kw, eos_ids=list(eos_ids), verify_py=verify_py
+  )
+  peer.close()  # its models and optimizer state are not needed while ours runs
+  rows = (run_train or S.train_metrics)(spec, "rule", warmup + runs, workroot / "ours", overrides)
+  pairs = pair_steps(rows, theirs["steps"], warmup)
+  table = []
+  for p in pairs:
+    o, t = p["ours"], p["trl"]
+    for part, fig in figs.items():
+      fig.add_run(o[part], t[part], load, step=p["step"], ours_len=o["len"], peer_len=t["len"])
+    for side, s in (("cooper_jax", o), ("TRL", t)):
+      n = "-" if s["len"] is None else f"{s['len']:.1f}"
+      table.append(
+        [p["step"], side] + [f"{s[k]:.2f}" for k in ("generate", "update", "step")] + [n]
+      )
+  best_o, best_t = (min(p[s]["step"] for p in pairs) for s in ("ours", "trl"))
+  r = c.rollout
+  skipped = "" if not warmup else "; step 1" if warmup == 1 else f"; steps 1-{warmup}"
+  skipped += " (warm-up: our compilation) not used" if warmup else ""
+  figs["step"].notes += [
+    f"{r.prompts_per_step} prompts x G={r.group_size}, up to {r.max_new_tokens} new tokens, "
+    f"temperature {r.temperature}, fp32; TRL on {peer.info['threads']} torch threads (CPUs "
+    f"{peer.info['cpus']}); the same prompts at each step on both sides{skipped}",
+    f"best of the {runs} timed steps: ours {best_o:.2f} s, TRL {best_t:.2f} s (ratio "
+    f"{best_o / best_t:.2f})",
+    "TRL's steps all run first (one trainer.train), then ours (one train loop); load: the "
+    "1-minute load before TRL's run; update = step - generation (reward, reference log-probs, "
+    "loss, backward, clip, AdamW)",
+    "not matched: " + "; ".join(NOT_MATCHED),
+  ]
+  report.add_table(
+    "TRL GRPOTrainer vs cooper_jax, one iteration (seconds; response length: mean tokens)",
+    ["step", "side", "generate", "update", "step", "response length"],
+    table,
+  )
+  extras.update(trl_config=kw, trl=theirs, our_metrics=rows)
+  report.save_partial()
+
+
+def _prepare(spec, overrides, steps, workroot, peer):
+  """Loads the policy as our loop does, exports it with its tokenizer for the worker, draws the
+  loop's prompts, and runs the gate on the first two GSM8K test questions."""
+  from benchmarks import sections as S  # pylint: disable=import-outside-toplevel
+  from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
+  from cooper_jax.weights import load_from_config, save_hf_dir  # pylint: disable=import-outside-toplevel
+
+  c = run_config(spec, overrides)
+  cfg, params, tok_src = load_from_config(c.policy, "lm", c.seed)
+  tok = load_tokenizer(tok_src)
+  hf_dir = str(save_hf_dir(cfg, params, workroot / "hf", tokenizer=tok))
+  tokens, mask, pad_id = S.gsm8k_prompts(2, tok)
+  ok, res = gate(cfg, params, tokens, mask, pad_id, peer, hf_dir)
+  res["ok"] = ok
+  return c, hf_dir, tok.eos_ids, iteration_prompts(c, tok, steps), res
+
+
+# -------------------------------------------------------------------------- TRL venv (worker)
+class _Worker:
+  def __init__(self):
+    import torch  # pylint: disable=import-outside-toplevel
+
+    self.torch = torch
+
+  def hello(self):
+    from importlib.metadata import version  # pylint: disable=import-outside-toplevel
+
+    return {
+      "trl": version("trl"),
+      "torch": self.torch.__version__,
+      "transformers": version("transformers"),
+      "math_verify": version("math-verify"),
+      "threads": self.torch.get_num_threads(),
+      "cpus": sorted(os.sched_getaffinity(0)),
+    }
+
+  def _model(self, hf_dir: str):
+    """As TRL's create_model_from_path loads it (float32)."""
+    from transformers import AutoModelForCausalLM  # pylint: disable=import-outside-toplevel
+
+    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=self.torch.float32)
+
+  def gate(self, hf_dir, npz, out, new_tokens):
+    """Logits [b, t, v] of the ids as our side lays them out (left padding, positions counted
+    from the first real token, as `generate` counts them) and greedy tokens with no EOS."""
+    t = self.torch
+    t0 = time.perf_counter()
+    model = self._model(hf_dir).eval()
+    load_s = time.perf_counter() - t0
+    z = np.load(npz)
+    ids = t.from_numpy(z["tokens"].astype(np.int64))
+    mask = t.from_numpy(z["mask"].astype(np.int64))
+    with t.inference_mode():
+      pos = (mask.cumsum(-1) - 1).clamp(min=0)
+      logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+      np.savez(out, logits=logits.float().numpy())
+      model.generation_config.eos_token_id = None  # no stop token, as our eos_ids=()
+      gen = model.generate(
+        ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        pad_token_id=int(z["pad_id"]),
+      )
+    return {"load_s": load_s, "tokens": gen[:, ids.shape[1] :].tolist()}
+
+  def iteration(self, hf_dir, prompts, config, eos_ids, verify_py):
+    """config["max_steps"] iterations of GRPOTrainer on `prompts` (in order, P per step); per
+    step: seconds from on_step_begin to on_step_end, seconds inside `generate`, and the metrics
+    the trainer logs."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    from datasets import Dataset  # pylint: disable=import-outside-toplevel
+    from transformers import PreTrainedTokenizerFast  # pylint: disable=import-outside-toplevel
+    from trl import GRPOConfig, GRPOTrainer  # pylint: disable=import-outside-toplevel
+
+    with open(prompts, encoding="utf-8") as f:
+      rows = json.load(f)
+    tok = PreTrainedTokenizerFast.from_pretrained(hf_dir, clean_up_tokenization_spaces=False)
+    theirs = tok(text=[r["prompt"] for r in rows])["input_ids"]  # as TRL tokenizes text prompts
+    bad = [i for i, (a, r) in enumerate(zip(theirs, rows)) if list(a) != r["ids"]]
+    if bad:
+      raise RuntimeError(f"TRL's tokenizer gives other ids than ours for prompts {bad[:5]}")
+
+    spec = importlib.util.spec_from_file_location("_cooper_rule_verify", verify_py)
+    verify = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = verify  # its dataclasses look their module up there
+    spec.loader.exec_module(verify)
+    status: dict[str, int] = {}
+
+    def rule_reward(prompts, completions, answer, **_):
+      """Our rule verdict (verify_one) as 1.0 / 0.0; an error scores 0 and is counted."""
+      out = []
+      for text, ref in zip(completions, answer):
+        try:
+          st, ok, _ = verify.verify_one(text, ref)
+        except Exception:  # noqa: BLE001 - counted and reported, as our verifier does
+          st, ok = "error", False
+        status[st] = status.get(st, 0) + 1
+        out.append(float(ok))
+      return out
+
+    model = self._model(hf_dir)
+    model.generation_config.eos_token_id = list(eos_ids)  # TRL reads its stop ids from here
+    timer = _phase_timer(model, time.perf_counter)
+    data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    with tempfile.TemporaryDirectory(prefix="trl_out_") as out_dir:
+      t0 = time.perf_counter()
+      trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=rule_reward,
+        args=GRPOConfig(output_dir=out_dir, **config),
+        train_dataset=data,
+        processing_class=tok,
+        callbacks=[timer],
+      )
+      init_s = time.perf_counter() - t0
+      a = trainer.args
+      keys = ("beta", "loss_type", "lr_scheduler_type", "bf16", "activation_checkpointing")
+      resolved = {
+        "eos_token_ids": list(trainer.eos_token_ids),
+        "generation_batch_size": a.generation_batch_size,
+        "steps_per_generation": a.steps_per_generation,
+        "ref_model": trainer.ref_model is not None,
+        "dtype": str(next(model.parameters()).dtype),
+        "threads": self.torch.get_num_threads(),
+        "device": str(a.device),
+        **{k: getattr(a, k) for k in keys},
+      }
+      if sorted(resolved["eos_token_ids"]) != sorted(eos_ids):
+        raise RuntimeError(f"TRL stops on {resolved['eos_token_ids']}, we on {eos_ids}")
+      trainer.train()
+    return {
+      "steps": timer.steps,
+      "resolved": json.loads(json.dumps(resolved, default=str)),
+      "reward_status": status,
+      "init_s": init_s,
+    }
+
+
+def _phase_timer(model, clock):
+  """A TrainerCallback timing each optimizer step and the `generate` calls inside it (wrapped on
+  this model instance, which TRL's unwrap_model_for_generation hands back on one process);
+  `steps` gets one dict per step, with the metrics the trainer logs for it."""
+  from transformers import TrainerCallback  # pylint: disable=import-outside-toplevel
+
+  class PhaseTimer(TrainerCallback):
+    def __init__(self):
+      self.steps: list[dict] = []
+      self.gen: list[float] = []
+      self.t0 = 0.0
+
+    def on_step_begin(self, args, state, control, **kw):
+      self.gen, self.t0 = [], clock()
+
+    def on_step_end(self, args, state, control, **kw):
+      s = {"step": state.global_step, "step_s": clock() - self.t0}
+      self.steps.append(dict(s, generate_s=sum(self.gen), generate_calls=len(self.gen)))
+
+    def on_log(self, args, state, control, logs=None, **kw):
+      keep = ("completions/", "reward", "kl", "loss", "learning_rate", "grad_norm", "step_time")
+      if self.steps and logs:
+        self.steps[-1].update({k: v for k, v in logs.items() if k.startswith(keep)})
+
+  timer = PhaseTimer()
+  generate = model.generate
+
+  def timed_generate(*args, **kwargs):
+    t0 = clock()
+    try:
+      return generate(*args, **kwargs)
+    finally:
+      timer.gen.append(clock() - t0)
+
+  model.generate = timed_generate
+  return timer
+
+
+def _serve() -> None:
+  import torch  # pylint: disable=import-outside-toplevel
+
+  cpus = sorted(os.sched_getaffinity(0))[:CPUS]
+  os.sched_setaffinity(0, cpus)  # as tunix_side.limit_cpus; then as many torch threads
+  torch.set_num_threads(len(cpus))
+  serve(_Worker)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+  _serve()
