@@ -35,12 +35,12 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
   """(port, env for the clients): the emulator serving BUCKET for this module. This process
-  reads the bucket too, so the env is set here before anything imports gcsfs (it reads
-  GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT at import)."""
+  reads the bucket too, so the env is set here, before gcsfs is imported if it has not been
+  (gcsfs reads GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT at import; if it was imported already, its
+  plain filesystem class is registered for gs:// instead)."""
   for mod in ("gcsfs", "gcp_storage_emulator"):
     if importlib.util.find_spec(mod) is None:
       pytest.skip(f"{mod} not installed")
-  assert "gcsfs" not in sys.modules, "gcsfs imported before the emulator's env was set"
   port = _free_port()
   mp = pytest.MonkeyPatch()
   for k, v in client_env(port).items():
@@ -69,6 +69,12 @@ def gcs(tmp_path_factory):
         proc.kill()
         pytest.fail(f"GCS emulator did not start: {log.read_text()[-2000:]}")
       time.sleep(0.2)
+  if "gcsfs" in sys.modules:  # imported earlier, perhaps with the bucket-type lookup on
+    import fsspec  # pylint: disable=import-outside-toplevel
+    import gcsfs  # pylint: disable=import-outside-toplevel
+
+    for proto in ("gs", "gcs"):
+      fsspec.register_implementation(proto, gcsfs.core.GCSFileSystem, clobber=True)
   yield port, client_env(port)
   proc.kill()
   proc.wait()
@@ -115,7 +121,7 @@ def test_killed_gs_run_resumes_to_the_local_runs_parameters(gcs, tmp_path):
   _, env = gcs
   import gcsfs  # pylint: disable=import-outside-toplevel
 
-  fs = gcsfs.GCSFileSystem(token="anon")
+  fs = gcsfs.core.GCSFileSystem(token="anon")
   local, remote = tmp_path / "local", f"gs://{BUCKET}/run"
   _run(local, _env({}))
 
