@@ -179,6 +179,14 @@ class Report:
       self.write_json(self.partial_path)
       self.meta["partial"] = False
 
+  def refuse(self, section: str, figs, why: str) -> None:
+    """A peer section that cannot time (no venv, a failed correctness gate): says why on
+    stdout and in each of its figures' notes, and saves what is measured so far."""
+    print(f"{section}: {why}", flush=True)
+    for f in figs:
+      f.notes.append(f"{why}: no ratio")
+    self.save_partial()
+
   def figure(self, **kw) -> Figure:
     fig = Figure(**kw)
     self.figures.append(fig)

@@ -249,14 +249,8 @@ def _section(report, spec, overrides, warmup, runs, workroot, peer, run_train):
   }
   extras = report.extras.setdefault("trl_iteration", {"spec": spec, "overrides": list(overrides)})
 
-  def refuse(why: str) -> None:
-    print(f"trl_iteration: {why}", flush=True)
-    for f in figs.values():
-      f.notes.append(f"{why}: no ratio")
-    report.save_partial()
-
   if peer is None:
-    return refuse("peer not run (no TRL venv)")
+    return report.refuse("trl_iteration", figs.values(), "peer not run (no TRL venv)")
   c, hf_dir, eos_ids, prompts, res = _prepare(spec, overrides, warmup + runs, workroot, peer)
   extras["gate"] = res
   print(
@@ -267,7 +261,11 @@ def _section(report, spec, overrides, warmup, runs, workroot, peer, run_train):
     flush=True,
   )
   if not res["ok"]:
-    return refuse("correctness gate failed (logits > 1e-3 apart or greedy tokens differ)")
+    return report.refuse(
+      "trl_iteration",
+      figs.values(),
+      "correctness gate failed (logits > 1e-3 apart or greedy tokens differ)",
+    )
 
   load = harness.load1()
   path = os.path.join(peer.tmp.name, "prompts.json")

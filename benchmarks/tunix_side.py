@@ -144,14 +144,8 @@ def _section(report, cfg, params, prompts, batches, new_tokens, peer, hf_dir, ru
     )
   extras = report.extras.setdefault("tunix_sampler", {})
 
-  def refuse(why: str) -> None:
-    print(f"tunix_sampler: {why}", flush=True)
-    for f in figs.values():
-      f.notes.append(f"{why}: no ratio")
-    report.save_partial()
-
   if peer is None:
-    return refuse("peer not run (no tunix venv)")
+    return report.refuse("tunix_sampler", figs.values(), "peer not run (no tunix venv)")
   tokens, mask, _ = prompts(2)
   ok, res = gate(cfg, params, tokens, mask, peer, hf_dir)
   extras["gate"] = res
@@ -163,7 +157,11 @@ def _section(report, cfg, params, prompts, batches, new_tokens, peer, hf_dir, ru
     flush=True,
   )
   if not ok:
-    return refuse("correctness gate failed (logits > 1e-3 apart or greedy tokens differ)")
+    return report.refuse(
+      "tunix_sampler",
+      figs.values(),
+      "correctness gate failed (logits > 1e-3 apart or greedy tokens differ)",
+    )
   for b in batches:
     fig = figs[b]
     tokens, mask, pad_id = prompts(b)

@@ -36,6 +36,36 @@ def train_cmd(workdir, steps: int, *overrides) -> list[str]:
   ]
 
 
+def free_port() -> int:
+  """A TCP port free on localhost now (the multi-process coordinator, the GCS emulator)."""
+  import socket  # pylint: disable=import-outside-toplevel
+
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+  """Metrics rows without their wall-clock timings (time/*), for run-to-run equality."""
+  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def final_params(workdir, items=("policy", "rm")):
+  """(step, {item: state}) of a run's newest checkpoint; workdir may be local or gs://."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+  from cooper_jax.checkpoint import CheckpointStore  # pylint: disable=import-outside-toplevel
+  from cooper_jax.paths import as_path  # pylint: disable=import-outside-toplevel
+
+  store = CheckpointStore(as_path(workdir) / "checkpoints")
+  step = store.steps()[-1]
+  out = store.manager.restore(
+    step, args=ocp.args.Composite(**{k: ocp.args.StandardRestore() for k in items})
+  )
+  store.close()
+  return step, {k: out[k] for k in items}
+
+
 @pytest.fixture(scope="session")
 def tiny_smol():
   """(cfg, params, tokenizer): a 1-layer random model over the real SmolLM2 tokenizer."""

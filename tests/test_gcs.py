@@ -7,7 +7,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import train_cmd
+from conftest import comparable, final_params, free_port, train_cmd
 from gcs_emulator import client_env
 
 from cooper_jax.metrics import read_metrics
@@ -24,12 +23,6 @@ from cooper_jax.metrics import read_metrics
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "cooper-test"
 STEPS = 4
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +34,7 @@ def gcs(tmp_path_factory):
   for mod in ("gcsfs", "gcp_storage_emulator"):
     if importlib.util.find_spec(mod) is None:
       pytest.skip(f"{mod} not installed")
-  port = _free_port()
+  port = free_port()
   mp = pytest.MonkeyPatch()
   for k, v in client_env(port).items():
     mp.setenv(k, v)
@@ -98,25 +91,6 @@ def _run(workdir, env, steps=STEPS, wait=True):
   return p
 
 
-def _comparable(rows):
-  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-
-def _params(workdir: str):
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-
-  from cooper_jax.checkpoint import CheckpointStore  # pylint: disable=import-outside-toplevel
-  from cooper_jax.paths import as_path  # pylint: disable=import-outside-toplevel
-
-  store = CheckpointStore(as_path(workdir) / "checkpoints")
-  step = store.steps()[-1]
-  out = store.manager.restore(
-    step, args=ocp.args.Composite(policy=ocp.args.StandardRestore(), rm=ocp.args.StandardRestore())
-  )
-  store.close()
-  return step, {k: out[k] for k in ("policy", "rm")}
-
-
 def test_killed_gs_run_resumes_to_the_local_runs_parameters(gcs, tmp_path):
   _, env = gcs
   import gcsfs  # pylint: disable=import-outside-toplevel
@@ -166,8 +140,8 @@ def test_killed_gs_run_resumes_to_the_local_runs_parameters(gcs, tmp_path):
   assert saved == [json.loads(l) for l in (local / "rollouts.jsonl").read_text().splitlines()]
   rows = read_metrics(remote)
   assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-  assert _comparable(rows) == _comparable(read_metrics(local))
-  (sa, pa), (sb, pb) = _params(str(local)), _params(remote)
+  assert comparable(rows) == comparable(read_metrics(local))
+  (sa, pa), (sb, pb) = final_params(local), final_params(remote)
   assert sa == sb == STEPS
   import jax  # pylint: disable=import-outside-toplevel
 

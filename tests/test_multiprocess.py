@@ -9,7 +9,6 @@ user would start one per host."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import train_cmd
+from conftest import free_port, train_cmd
 
 from cooper_jax.metrics import read_metrics
 
@@ -28,12 +27,6 @@ TINY = str(ROOT / "experiments" / "tiny.py")
 # 4 prompts x G=4: every process holds whole groups and the RM pairs split over data=4.
 COMMON = ("--config.rollout.prompts_per_step=4", "--config.train.max_to_keep=10")
 HEARTBEAT_S = 10
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 def _launch(workdir, n_proc, devices, *overrides, steps):
@@ -67,7 +60,7 @@ def _spawn(workdir, n_proc, devices, cmd):
     ALLOW_MULTIPLE_LIBTPU_LOAD="1",
     XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
   )
-  port = _free_port()
+  port = free_port()
   procs = []
   for i in range(n_proc):
     log = open(Path(f"{workdir}.p{i}.log"), "w")  # pylint: disable=consider-using-with

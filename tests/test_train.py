@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import train_cmd
+from conftest import comparable, final_params, train_cmd
 
 from cooper_jax.metrics import read_metrics
 
@@ -30,24 +30,6 @@ def _train(workdir, *overrides, steps=4, timeout=600, wait=True):
   return p
 
 
-def _comparable(rows):
-  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-
-def _final_params(workdir, items=("policy", "rm")):
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-
-  from cooper_jax.checkpoint import CheckpointStore  # pylint: disable=import-outside-toplevel
-
-  store = CheckpointStore(Path(workdir) / "checkpoints")
-  step = store.steps()[-1]
-  out = store.manager.restore(
-    step, args=ocp.args.Composite(**{k: ocp.args.StandardRestore() for k in items})
-  )
-  store.close()
-  return step, {k: out[k] for k in items}
-
-
 def test_resume_is_exact(tmp_path):
   straight, split = tmp_path / "straight", tmp_path / "split"
   _train(straight, steps=4)
@@ -56,9 +38,9 @@ def test_resume_is_exact(tmp_path):
   assert "resumed from" in p.stderr
   a, b = read_metrics(straight), read_metrics(split)
   assert [r["step"] for r in b] == [1, 2, 3, 4]
-  assert _comparable(a) == _comparable(b)
-  sa, pa = _final_params(straight)
-  sb, pb = _final_params(split)
+  assert comparable(a) == comparable(b)
+  sa, pa = final_params(straight)
+  sb, pb = final_params(split)
   assert sa == sb == 4
   import jax  # pylint: disable=import-outside-toplevel
 
@@ -82,7 +64,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
   assert proc.returncode == 0, out[-3000:]
   assert "stopped by signal" in out
   n_logged = len(read_metrics(tmp_path))
-  step, _ = _final_params(tmp_path)
+  step, _ = final_params(tmp_path)
   assert step == n_logged and 1 <= step < 200
 
 
@@ -143,8 +125,8 @@ def test_ppo_epochs_and_mini_batches(tmp_path):
   # trainer's log-probs read softmax(logits / T) as the sampler did.
   for m in (a, b):
     assert abs(m["policy/first_ratio_mean"] - 1.0) < 1e-5
-  _, pa = _final_params(one, ("policy",))
-  _, pb = _final_params(ppo, ("policy",))
+  _, pa = final_params(one, ("policy",))
+  _, pb = final_params(ppo, ("policy",))
   assert not np.array_equal(
     np.asarray(pa["policy"]["params"]["embed"]["embedding"]),
     np.asarray(pb["policy"]["params"]["embed"]["embedding"]),
@@ -157,7 +139,7 @@ def test_static_rm_holds_no_optimizer_state_and_resumes(tmp_path):
   _train(tmp_path, "--config.reward_mode=static_rm", steps=1)
   p = _train(tmp_path, "--config.reward_mode=static_rm", steps=2)
   assert "resumed from" in p.stderr
-  _, state = _final_params(tmp_path)
+  _, state = final_params(tmp_path)
   import jax  # pylint: disable=import-outside-toplevel
 
   assert jax.tree.leaves(state["rm"]["opt_state"]) == []
@@ -210,8 +192,8 @@ def test_response_width_cut_leaves_the_update_unchanged(tmp_path):
   for a, b in zip(cut, full):
     assert a["policy/loss"] == pytest.approx(b["policy/loss"], abs=1e-6)
     assert a["rule/acc"] == b["rule/acc"]  # same rollouts: the params stayed equal
-  _, pa = _final_params(tmp_path / "cut", items=("policy",))
-  _, pb = _final_params(tmp_path / "full", items=("policy",))
+  _, pa = final_params(tmp_path / "cut", items=("policy",))
+  _, pb = final_params(tmp_path / "full", items=("policy",))
   import jax  # pylint: disable=import-outside-toplevel
 
   # Adam divides by sqrt(v): where a gradient is a cancellation near zero, float reassociation
@@ -236,7 +218,7 @@ def test_rm_updates_per_step_and_on_policy_pairs(tmp_path):
   updated = sum(r["rm_train/updated"] for r in rows)
   assert updated >= 1, "no step formed a pair: the test needs the SFT policy's right answers"
   assert all(r["pairs/negative_tries"] == 0 for r in rows)
-  _, state = _final_params(tmp_path)
+  _, state = final_params(tmp_path)
   assert int(state["rm"]["step"]) == 3 * updated
 
 
