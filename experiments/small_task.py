@@ -10,6 +10,10 @@ Its artifacts ship in experiments/assets/small_task (how they were made: its REA
 arg = "<condition>[,<workdir>]"; workdir: artifacts rebuilt elsewhere (tools/run_study.py
 --workdir), default the shipped ones. Conditions:
   rule, static_rm, cooper       the paper's three (cooper: perturb negatives, RM lr 10x the policy's)
+
+The RM's lr is a multiple of the policy's (an ml_collections reference), so a policy-lr override
+moves it too: `--set policy.optim.lr=6e-4` gives cooper 6e-3 and cooper_rmlr3x 1.8e-3. Setting
+rm.optim.lr explicitly replaces the multiple.
   cooper_rewrite                cooper with the paper's llm_rewrite negatives (the shipped assistant)
   cooper_rmlr{1,3,30}x          the RM's lr at 1x / 3x / 30x the policy's
   static_rm_planted,            the co-training positive control: an RM with a planted blind spot
@@ -33,6 +37,7 @@ SHIPPED = Path(__file__).resolve().parent / "assets" / "small_task"
 # Values may name the artifacts directory as {work}.
 PLANTED = {"rm.model": "{work}/rm_planted"}
 WEAK = {"rm.model": "{work}/rm_weak"}
+RM_LR_RATIO = "rm_lr_ratio"  # the RM's lr as a multiple of the policy's (default 10)
 CONDITIONS = {
   "rule": ("rule", {}),
   "static_rm": ("static_rm", {}),
@@ -56,14 +61,14 @@ CONDITIONS = {
   # (what the rule verifier's imprecision costs Cooper).
   "cooper_chainpos": ("cooper", {"pairs.positive_check": "rule+chain"}),
   # RM-lr dose-response: the RM's lr as 1x, 3x, 30x the policy's (cooper itself is 10x).
-  "cooper_rmlr1x": ("cooper", {"rm.optim.lr": 1e-4}),
-  "cooper_rmlr3x": ("cooper", {"rm.optim.lr": 3e-4}),
-  "cooper_rmlr30x": ("cooper", {"rm.optim.lr": 3e-3}),
+  "cooper_rmlr1x": ("cooper", {RM_LR_RATIO: 1}),
+  "cooper_rmlr3x": ("cooper", {RM_LR_RATIO: 3}),
+  "cooper_rmlr30x": ("cooper", {RM_LR_RATIO: 30}),
   # The co-training positive control (cooper_jax/tasks/blind_spot.py): the RM with a planted
   # blind spot (an even final answer scored correct whatever the reference), frozen or co-trained.
   "static_rm_planted": ("static_rm", PLANTED),
   "cooper_planted": ("cooper", PLANTED),
-  "cooper_planted_rmlr30x": ("cooper", {**PLANTED, "rm.optim.lr": 3e-3}),
+  "cooper_planted_rmlr30x": ("cooper", {**PLANTED, RM_LR_RATIO: 30}),
   # A weak natural RM (no planted flaw): 300 BCE steps on the current policy's labelled
   # rollouts, stopped before it learns the answer comparison well (held-out rollouts: accuracy
   # 0.596, precision 0.566, recall 0.452); frozen, or co-trained as Cooper's.
@@ -101,7 +106,7 @@ def get_config(arg: str = "cooper"):
   # (1e-5 / 1e-6), with the same warm-up.
   c.policy.optim.lr = 1e-4
   c.policy.optim.warmup_steps = 20
-  c.rm.optim.lr = 1e-3
+  c.rm.optim.lr = c.policy.optim.get_ref("lr") * overrides.get(RM_LR_RATIO, 10)
   c.rm.optim.warmup_steps = 20
   c.train.steps = 100
   c.train.eval_every = 10
@@ -113,6 +118,8 @@ def get_config(arg: str = "cooper"):
   c.verifier.workers = 1
   c.train.save_rollouts = 16  # two groups per step
   for key, value in overrides.items():
+    if key == RM_LR_RATIO:
+      continue
     section, field = key.rsplit(".", 1)
     node = c
     for part in section.split("."):

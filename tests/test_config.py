@@ -89,3 +89,15 @@ def test_load_config_overrides_parse_literals_and_name_unknown_keys():
   for removed in ("rm.loss=bt", "train.log_every=1"):  # keys nothing read are gone
     with pytest.raises(KeyError):
       config_lib.load_config(f"{ROOT}/experiments/tiny.py", [removed])
+
+
+@pytest.mark.parametrize("cond,ratio", [("cooper", 10), ("cooper_rmlr3x", 3), ("cooper_rmlr30x", 30)])
+def test_small_task_rm_lr_is_a_multiple_of_the_policy_lr(cond, ratio):
+  """A policy-lr override moves the RM's lr with it (the paper's ratio is what an ablation
+  varies); an explicit RM lr replaces the multiple."""
+  spec = f"{ROOT}/experiments/small_task.py:{cond}"
+  assert config_lib.load_config(spec).rm.optim.lr == pytest.approx(ratio * 1e-4, rel=1e-12)
+  moved = config_lib.load_config(spec, ["policy.optim.lr=6e-4"])
+  assert moved.rm.optim.lr == pytest.approx(ratio * 6e-4, rel=1e-12)
+  fixed = config_lib.load_config(spec, ["policy.optim.lr=6e-4", "rm.optim.lr=2e-3"])
+  assert fixed.rm.optim.lr == 2e-3 and fixed.policy.optim.lr == 6e-4
