@@ -12,6 +12,10 @@ CPU sections (`--only` picks some):
                ids (the first GSM8K test questions, chat-templated, left-padded), batches 16
                and 64, 128 new tokens at temperature 1.0 with EOS disabled on both sides; and
                the sampler's model FLOP/s vs this CPU's 2048-cube float32 matmul in jax.
+  decode_floor the sampler's decode step (batches 16 and 64) against this CPU's floors, measured
+               in the same run: fp32 weight bytes / streaming read bandwidth (target: at least
+               0.5 of it at batch 16), weights + KV cache, and model FLOPs / matmul rate
+               (benchmarks/floors.py).
   policy_step  `policy_step` tokens/s vs a PyTorch forward + backward + AdamW on the same
                weights and the same 8 x 256 random tokens (128 prompt + 128 response), fp32,
                best of 3 per run; and its model FLOP/s vs the matmul peak.
@@ -59,12 +63,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `benchmarks` and `cooper_jax` importable
   sys.path.insert(0, str(REPO))
 
-from benchmarks import harness, trl_side, tunix_side  # noqa: E402
+from benchmarks import floors, harness, trl_side, tunix_side  # noqa: E402
 from benchmarks.torch_side import DEFAULT_TORCH_PYTHON  # noqa: E402
 
 SECTIONS = (
   "matmul",
   "sampler",
+  "decode_floor",
   "tunix_sampler",
   "policy_step",
   "checkpoint",
@@ -250,6 +255,21 @@ def cpu_mode(args, report) -> None:
         peer_label=f"HF generate (torch {report.meta['torch']['torch']})" if peer else "HF",
       )
       print("sampler done", flush=True)
+
+    if "decode_floor" in args.only:
+      floors.decode_floor_section(
+        report,
+        cfg,
+        params,
+        prompts,
+        sz["batches"],
+        sz["new_tokens"],
+        peak,
+        args.runs,
+        sz["sampler_reps"],
+        bandwidth=(lambda: floors.read_bandwidth(1 << 24, 2)) if args.quick else floors.read_bandwidth,
+      )
+      print("decode_floor done", flush=True)
 
     if "tunix_sampler" in args.only:
       if hf_dir is None:

@@ -370,3 +370,16 @@ def test_trl_section_without_its_venv_records_no_ratio(tmp_path):
   assert a.only == ["trl_iteration"] and a.trl_python == "/x/python"
   full = run.sizes(run.parse_args([]))
   assert full["trl_iteration"] == ("experiments/smollm2.py:cpu_smoke", (), 2)
+
+
+def test_decode_bytes_count_each_weight_once_and_the_cache_per_row():
+  from benchmarks import floors  # pylint: disable=import-outside-toplevel
+
+  cfg = sections.tiny_cfg()  # vocab 512, d 32, 2 layers, 2 heads / 1 KV head of 16, d_ff 64, tied
+  layer = 32 * 16 * (2 * 2 + 2 * 1) + 3 * 32 * 64 + 2 * 32  # q, o, k, v; MLP; two norms
+  params = 512 * 32 + 2 * layer + 32  # table (read once, as the tied head), layers, final norm
+  got = floors.decode_bytes(cfg, batch=4, ctx=10.0)
+  assert got["weights"] == 4 * params
+  assert got["cache"] == 4 * (2 * 2 * 1 * 16 * 10 * 4)  # K and V, layers, KV heads, dim, ctx, rows
+  untied = floors.decode_bytes(cfg.replace(tie_embeddings=False), batch=4, ctx=10.0)
+  assert untied["weights"] == 4 * (params + 4 * 32)  # the head, plus 4 looked-up rows
