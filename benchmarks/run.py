@@ -267,7 +267,9 @@ def cpu_mode(args, report) -> None:
         peak,
         args.runs,
         sz["sampler_reps"],
-        bandwidth=(lambda: floors.read_bandwidth(1 << 24, 2)) if args.quick else floors.read_bandwidth,
+        bandwidth=(lambda: floors.read_bandwidth(1 << 24, 2))
+        if args.quick
+        else floors.read_bandwidth,
       )
       print("decode_floor done", flush=True)
 

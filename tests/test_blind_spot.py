@@ -113,21 +113,11 @@ def test_cotraining_closes_a_planted_blind_spot(tmp_path, negatives):
     assert np.mean(before > 0.5) > 0.8, before.round(2)
 
     rng = np.random.default_rng(3)
-    g = c.rollout.group_size
     history = [float(np.mean(before))]
     for step in range(STEPS):
       rows = [pool[i] for i in rng.choice(len(pool), c.rollout.prompts_per_step, replace=False)]
       # Each group: its gold solution (rule-correct) and a one-slip wrong one (rule-wrong).
-      texts = [t for r in rows for t in (r["solution"], make_wrong_solution(r, rng))]
-      ro = Rollouts(
-        rows=rows,
-        questions=[r["question"] for r in rows for _ in range(g)],
-        refs=[str(r["answer"]) for r in rows for _ in range(g)],
-        texts=texts,
-        correct=np.tile([True, False], len(rows)),
-        index=np.arange(len(texts)),
-        n_total=len(texts),
-      )
+      ro = blind_spot.gold_and_slip_rollouts(rows, rng)
       m = reward.update(ro, step)
       assert m["pairs/n_valid"] == len(rows)  # every group has a positive and a negative
       history.append(float(np.mean(reward.probe_scores())))

@@ -91,7 +91,9 @@ def test_load_config_overrides_parse_literals_and_name_unknown_keys():
       config_lib.load_config(f"{ROOT}/experiments/tiny.py", [removed])
 
 
-@pytest.mark.parametrize("cond,ratio", [("cooper", 10), ("cooper_rmlr3x", 3), ("cooper_rmlr30x", 30)])
+@pytest.mark.parametrize(
+  "cond,ratio", [("cooper", 10), ("cooper_rmlr3x", 3), ("cooper_rmlr30x", 30)]
+)
 def test_small_task_rm_lr_is_a_multiple_of_the_policy_lr(cond, ratio):
   """A policy-lr override moves the RM's lr with it (the paper's ratio is what an ablation
   varies); an explicit RM lr replaces the multiple."""

@@ -14,7 +14,6 @@ accuracy on the step's own pairs (mean of steps 1-10, 41-60, 81-100), the held-o
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 from cooper_jax import sharding  # noqa: E402
 from cooper_jax.config import load_config  # noqa: E402
 from cooper_jax.io import atomic_write_json, atomic_write_text, read_jsonl  # noqa: E402
-from cooper_jax.reward_modes import CooperReward, Rollouts  # noqa: E402
+from cooper_jax.reward_modes import CooperReward  # noqa: E402
 from cooper_jax.rewards.verify import RuleVerifier  # noqa: E402
-from cooper_jax.tasks.arith import make_wrong_solution  # noqa: E402
+from cooper_jax.tasks import blind_spot  # noqa: E402
 
 ASSETS = ROOT / "experiments" / "assets" / "small_task"
 WINDOWS = ((1, 10), (41, 60), (81, 100))
@@ -50,20 +49,10 @@ def run_lr(lr: float, a, pool: list[dict]) -> dict:
   try:
     reward = CooperReward(c, mesh, verifier)
     rng = np.random.default_rng(a.seed)
-    g = c.rollout.group_size
     curve, evals = [], [{"step": 0, **reward.evaluate()}]
     for step in range(1, a.steps + 1):
       rows = [pool[i] for i in rng.choice(len(pool), c.rollout.prompts_per_step, replace=False)]
-      texts = [t for r in rows for t in (r["solution"], make_wrong_solution(r, rng))]
-      ro = Rollouts(
-        rows=rows,
-        questions=[r["question"] for r in rows for _ in range(g)],
-        refs=[str(r["answer"]) for r in rows for _ in range(g)],
-        texts=texts,
-        correct=np.tile([True, False], len(rows)),
-        index=np.arange(len(texts)),
-        n_total=len(texts),
-      )
+      ro = blind_spot.gold_and_slip_rollouts(rows, rng)
       m = reward.update(ro, step)
       curve.append({k: float(m[k]) for k in ("rm_train/bt_loss", "rm_train/pair_acc")})
       if step % a.eval_every == 0:
@@ -112,8 +101,14 @@ def main(argv=None):
   for lr in (float(x) for x in a.lrs.split(",")):
     results.append(run_lr(lr, a, pool))
     w = results[-1]["windows"]
-    print(f"lr {lr:g}: " + "; ".join(f"{k} BT {v['bt_loss']:.3f} acc {v['pair_acc']:.2f}" for k, v in w.items()))
-    print("  held-out pair acc: " + ", ".join(f"{e['eval/rm_pair_acc']:.2f}" for e in results[-1]["evals"]))
+    print(
+      f"lr {lr:g}: "
+      + "; ".join(f"{k} BT {v['bt_loss']:.3f} acc {v['pair_acc']:.2f}" for k, v in w.items())
+    )
+    print(
+      "  held-out pair acc: "
+      + ", ".join(f"{e['eval/rm_pair_acc']:.2f}" for e in results[-1]["evals"])
+    )
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   atomic_write_json(out / "results.json", {"args": vars(a), "results": results})

@@ -76,3 +76,21 @@ def probe_rows(rows: list[dict], rng: np.random.Generator) -> list[dict]:
     if text is not None:
       out.append({"question": r["question"], "answer": str(r["answer"]), "response": text})
   return out
+
+
+def gold_and_slip_rollouts(rows: list[dict], rng: np.random.Generator):
+  """A batch of groups of 2 as the loop hands Cooper's RM step: each row's gold solution
+  (rule-correct, the positive) and a one-slip wrong one (rule-wrong). For RM-only checks
+  (tests/test_blind_spot.py, tools/rm_lr_check.py): no policy, a fixed pair distribution."""
+  from cooper_jax.reward_modes import Rollouts  # pylint: disable=import-outside-toplevel
+
+  texts = [t for r in rows for t in (r["solution"], make_wrong_solution(r, rng))]
+  return Rollouts(
+    rows=rows,
+    questions=[r["question"] for r in rows for _ in range(2)],
+    refs=[str(r["answer"]) for r in rows for _ in range(2)],
+    texts=texts,
+    correct=np.tile([True, False], len(rows)),
+    index=np.arange(len(texts)),
+    n_total=len(texts),
+  )
