@@ -97,7 +97,7 @@ def decode_floor_section(
 ):
   """One figure per batch: the measured decode step against its weight-bandwidth floor, with
   the weights + cache and compute floors in each run's detail."""
-  from benchmarks.sections import OurSampler, _attn, _matmul_params  # pylint: disable=import-outside-toplevel
+  from benchmarks.sections import OurSampler, sample_flops  # pylint: disable=import-outside-toplevel
 
   for b in batches:
     tokens, mask, pad_id = prompts(b)
@@ -122,9 +122,7 @@ def decode_floor_section(
         samplers[n] = OurSampler(cfg, params, tokens, mask, n, pad_id)
       return samplers[n]
 
-    flops = b * (2.0 * _matmul_params(cfg) + 2.0 * cfg.vocab_size * cfg.d_model) + b * _attn(
-      cfg, ctx
-    )
+    flops = sample_flops(cfg, lens, new_tokens)["decode"] / new_tokens  # mean decode step
     nbytes = decode_bytes(cfg, b, ctx)
     for _ in range(runs):
       load = harness.load1()
