@@ -16,6 +16,7 @@ moves it too: `--set policy.optim.lr=6e-4` gives cooper 6e-3 and cooper_rmlr3x 1
 rm.optim.lr explicitly replaces the multiple.
   cooper_rewrite                cooper with the paper's llm_rewrite negatives (the shipped assistant)
   cooper_rmlr{1,3,30}x          the RM's lr at 1x / 3x / 30x the policy's
+  cooper_rmlr0p{1,3}x           ... and at 0.1x / 0.3x (below the ratio, toward a frozen RM)
   static_rm_planted,            the co-training positive control: an RM with a planted blind spot
   cooper_planted                (even answers scored correct), frozen or co-trained
   static_rm_weak, cooper_weak   a weak natural RM (rm_weak/: stopped early, no planted flaw),
@@ -60,7 +61,9 @@ CONDITIONS = {
   # Precise positives: a rule-correct rollout is a positive only if its whole chain is right
   # (what the rule verifier's imprecision costs Cooper).
   "cooper_chainpos": ("cooper", {"pairs.positive_check": "rule+chain"}),
-  # RM-lr dose-response: the RM's lr as 1x, 3x, 30x the policy's (cooper itself is 10x).
+  # RM-lr dose-response: the RM's lr as 0.1x, 0.3x, 1x, 3x, 30x the policy's (cooper is 10x).
+  "cooper_rmlr0p1x": ("cooper", {RM_LR_RATIO: 0.1}),
+  "cooper_rmlr0p3x": ("cooper", {RM_LR_RATIO: 0.3}),
   "cooper_rmlr1x": ("cooper", {RM_LR_RATIO: 1}),
   "cooper_rmlr3x": ("cooper", {RM_LR_RATIO: 3}),
   "cooper_rmlr30x": ("cooper", {RM_LR_RATIO: 30}),

@@ -92,7 +92,8 @@ def test_load_config_overrides_parse_literals_and_name_unknown_keys():
 
 
 @pytest.mark.parametrize(
-  "cond,ratio", [("cooper", 10), ("cooper_rmlr3x", 3), ("cooper_rmlr30x", 30)]
+  "cond,ratio",
+  [("cooper", 10), ("cooper_rmlr3x", 3), ("cooper_rmlr30x", 30), ("cooper_rmlr0p1x", 0.1)],
 )
 def test_small_task_rm_lr_is_a_multiple_of_the_policy_lr(cond, ratio):
   """A policy-lr override moves the RM's lr with it (the paper's ratio is what an ablation
