@@ -261,3 +261,36 @@ def test_report_study_writes_tables_results_and_examples(tmp_path):
     tmp_path / "rm_stability.png"
   ).exists()
   json.loads((tmp_path / "results.json").read_text())
+
+
+def _heldout(study, cond, seed, per_problem, temperature=1.0, cfg=None):
+  wd = study / "runs" / f"{cond}_s{seed}"
+  wd.mkdir(parents=True)
+  ev = {"samples": 4, "temperature": temperature, "top_p": 0.95, "max_new_tokens": 96}
+  h = {"per_problem_acc": per_problem, "n_problems": len(per_problem), "eval": ev}
+  (wd / "heldout.json").write_text(json.dumps(h))
+  if cfg is not None:
+    (wd / "config.json").write_text(json.dumps(cfg))
+
+
+def test_pool_studies_pairs_arms_from_two_folders_by_seed(tmp_path):
+  """Per-seed accuracies and differences by hand; what differs between the arms' configs is
+  listed; a seed missing from an arm or a different held-out evaluation stops it."""
+  pool = _load("pool_studies")
+  a, b = tmp_path / "a", tmp_path / "b"
+  for s, (x, y) in enumerate([([1.0, 0.5], [0.5, 0.0]), ([0.0, 0.5], [1.0, 1.0])]):
+    _heldout(a, "static_rm", s, x, cfg={"rm": {"optim": {"lr": 1e-3}}, "seed": s})
+    _heldout(b, "cooper", s, y, cfg={"rm": {"optim": {"lr": 6e-3}}, "seed": s})
+  args = ["--out", str(tmp_path / "out"), "--seeds", "0,1"]
+  res = pool.main([*args, "--arm", f"frozen={a}:static_rm", "--arm", f"co={b}:cooper"])
+  assert res["summaries"]["frozen"]["seed_accuracies"] == [0.75, 0.25]
+  assert res["summaries"]["co"]["seed_accuracies"] == [0.25, 1.0]
+  assert res["seed_tests"]["co - frozen"]["per_seed_diff"] == [-0.5, 0.75]
+  table = (tmp_path / "out" / "table.md").read_text()
+  assert "rm.optim.lr=0.006" in table and "seed=" not in table
+  with pytest.raises(SystemExit, match="static_rm_s2"):
+    pool.main([*args[:2], "--seeds", "0,1,2", "--arm", f"frozen={a}:static_rm"])
+  _heldout(b, "rule", 0, [1.0, 1.0], temperature=0.7)
+  _heldout(b, "rule", 1, [1.0, 1.0], temperature=0.7)
+  with pytest.raises(SystemExit, match="evaluations differ"):
+    pool.main([*args, "--arm", f"frozen={a}:static_rm", "--arm", f"r={b}:rule"])
