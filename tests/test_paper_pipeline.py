@@ -14,7 +14,7 @@ from cooper_jax.weights.hf_io import save_hf_dir
 ROOT = Path(__file__).resolve().parents[1]
 # One GRPO mode (cooper: the one that uses the VerifyRM and the assistant) keeps the test short;
 # the smoke run in results/ has all three.
-STAGES = ["annotate", "verifyrm", "grpo/cooper", "evaluate/untrained", "evaluate/cooper"]
+STAGES = ["annotate", "verifyrm", "select", "grpo/cooper", "evaluate/untrained", "evaluate/cooper"]
 
 
 def _pipeline(out, model, data):
@@ -53,6 +53,8 @@ def test_pipeline_end_to_end_and_resume(tmp_path, tiny_smol):
   assert ann["kept_positive"] + ann["kept_negative"] == ann["n_kept"]
   assert rm["n_train"] + rm["n_heldout"] == ann["n_kept"]
   assert (Path(rm["rm"]) / "config.json").exists()
+  sel = recs["select"]
+  assert sel["n_questions"] == 4 and sel["n_mixed"] + sel["n_all_wrong"] + sel["n_all_right"] == 4
   assert [s["step"] for s in recs["grpo/cooper"]["per_step"]] == [1]
   coop = recs["grpo/cooper"]["per_step"][0]
   rejected = sum(coop["negatives_rejected"].values())
@@ -66,3 +68,33 @@ def test_pipeline_end_to_end_and_resume(tmp_path, tiny_smol):
   again = _pipeline(out, model, data)  # resumes: every stage is recorded, none reruns
   assert {s: (out / s / "record.json").stat().st_mtime_ns for s in STAGES} == mtimes
   assert again.stderr.count(": done (") == len(STAGES)
+
+
+def test_select_keeps_the_questions_with_a_mixed_pass_rate(tmp_path):
+  """Rule labels by hand: q1 right 1 of 2, q0 never, q2 always, q3 undecided (None, not
+  counted); another generator's (the judge's) triples are ignored."""
+  sys.path.insert(0, str(ROOT / "tools"))
+  import paper_pipeline  # pylint: disable=import-outside-toplevel
+
+  def t(q, label, gen="pol@0.7"):
+    return {
+      "question_id": q,
+      "question": f"Q{q}",
+      "reference": q[-1],
+      "generator": gen,
+      "rule_label": label,
+    }
+
+  triples = [t("q0", 0), t("q0", 0), t("q1", 1), t("q1", 0), t("q2", 1), t("q2", 1, "pol@1")]
+  triples += [t("q3", None), t("q0", 1, "other@0.7")]
+  write_jsonl(tmp_path / "triples.jsonl", triples)
+  rec = paper_pipeline.stage_select(tmp_path, tmp_path / "triples.jsonl", "pol")
+  assert (rec["n_questions"], rec["n_mixed"], rec["n_all_wrong"], rec["n_all_right"]) == (
+    3,
+    1,
+    1,
+    1,
+  )
+  assert rec["pass_rates"] == {"q1": 0.5}
+  rows = [json.loads(x) for x in Path(rec["data"]).read_text().splitlines()]
+  assert rows == [{"id": "q1", "question": "Qq1", "answer": "1"}]

@@ -4,6 +4,8 @@
              both agree are kept (hybrid annotation; tools/annotate.py)
   verifyrm   the reference-based RM pretrained with BCE on them, precision / recall on held-out
              labelled rollouts (VerifyRM; tools/pretrain_rm.py)
+  select     (--grpo_data mixed) GRPO's questions: those the policy's annotation rollouts got
+             right sometimes but not always
   grpo       GRPO with the rule reward, the VerifyRM frozen (static_rm), and the VerifyRM
              co-trained on (rule-verified positive, assistant-rewritten negative) pairs (cooper,
              pairs.negatives=llm_rewrite); cooper_jax.train
@@ -17,10 +19,12 @@ A stage whose `record.json` exists is skipped (delete it, or its folder, to run 
 record holds the stage's counts and `<out>/pipeline.md` gathers them. Any preset value can be
 overridden (--policy, --judge, --rm_backbone, --assistant, --steps, ...).
 
-The smoke size runs on a 2-core CPU with the embedded SmolLM2-135M-Instruct in all four roles,
-on the one-calculation GSM8K training problems (499 of 7473: the solution has at most one
-<<a op b = c>> step), the slice on which a 135M model gets some answers right, so rule
-positives, and with them Cooper's pairs, form.
+The smoke size runs on a 2-core CPU with the embedded SmolLM2-135M-Instruct in all four roles.
+It annotates one-calculation GSM8K training problems (499 of 7473: the solution has at most one
+<<a op b = c>> step), where a 135M model gets some answers right (2 of 96 rollouts in
+results/pipeline_smoke), and trains GRPO only on the questions its own annotation rollouts got
+right sometimes but not always (--grpo_data mixed; the paper size uses all: --grpo_data train):
+elsewhere every group's rule reward is constant, and Cooper has no rule positive to pair.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ PRESETS = {
     rm_backbone=SMOL,
     assistant=SMOL,
     train_data="gsm8k-onestep",
+    grpo_data="mixed",
     annotate_limit=12,
     annotate_samples=4,
     annotate_temperatures="0.7,1.0",
@@ -62,6 +67,7 @@ PRESETS = {
     rm_backbone="Qwen/Qwen2.5-1.5B-Instruct",
     assistant="Qwen/Qwen2.5-7B-Instruct",
     train_data="gsm8k/train",
+    grpo_data="train",
     annotate_limit=0,
     annotate_samples=4,
     annotate_temperatures="0.7,1.0",
@@ -127,6 +133,33 @@ def _record(stage_dir: Path, fn) -> dict:
   rec["wall_s"] = time.perf_counter() - t0
   atomic_write_json(path, rec)
   return rec
+
+
+def stage_select(out: Path, triples: Path, policy: str) -> dict:
+  """The GRPO training questions: those on which the policy's own annotation rollouts were
+  rule-correct sometimes but not always (a GRPO group there has a nonzero advantage, and a
+  Cooper group a rule positive to pair). Empty (no such question): GRPO uses the full data."""
+  from cooper_jax.io import read_jsonl, write_jsonl  # pylint: disable=import-outside-toplevel
+
+  by_q: dict[str, list] = {}
+  for _, t in read_jsonl(triples):
+    if t["generator"].rpartition("@")[0] == policy and t["rule_label"] in (0, 1):
+      by_q.setdefault(t["question_id"], []).append(t)
+  rates = {q: sum(t["rule_label"] for t in ts) / len(ts) for q, ts in by_q.items()}
+  mixed = [q for q, r in rates.items() if 0 < r < 1]
+  path = out / "grpo_train.jsonl"
+  rows = [
+    {"id": q, "question": by_q[q][0]["question"], "answer": by_q[q][0]["reference"]} for q in mixed
+  ]
+  write_jsonl(path, rows)
+  return {
+    "data": str(path) if rows else None,
+    "n_questions": len(rates),
+    "n_mixed": len(mixed),
+    "n_all_wrong": sum(r == 0 for r in rates.values()),
+    "n_all_right": sum(r == 1 for r in rates.values()),
+    "pass_rates": {q: rates[q] for q in mixed},
+  }
 
 
 def stage_annotate(a, out: Path, train_data: str) -> dict:
@@ -247,10 +280,16 @@ def format_report(a, recs: dict) -> str:
       f"- {when}: accuracy {num(h.get('accuracy'))}, precision {num(h.get('precision'))}, "
       f"recall {num(h.get('recall'))}"
     )
+  lines += ["", "## 3. GRPO", ""]
+  sel = recs.get("select")
+  if sel:
+    lines += [
+      f"- training questions: {sel['n_mixed']} of the {sel['n_questions']} annotated, those the "
+      f"policy got right sometimes but not always ({sel['n_all_wrong']} always wrong, "
+      f"{sel['n_all_right']} always right)" + ("" if sel["data"] else "; none: the full data"),
+      "",
+    ]
   lines += [
-    "",
-    "## 3. GRPO",
-    "",
     "| mode | step | rule acc | reward | pairs | negatives tried | rejected (by reason) |",
     "|---|---|---|---|---|---|---|",
   ]
@@ -293,9 +332,21 @@ def main(argv=None) -> dict:
     out / "verifyrm", lambda: stage_verifyrm(a, out / "verifyrm", recs["annotate"]["kept"])
   )
   rm_dir = recs["verifyrm"]["rm"]
+  grpo_data = train_data
+  if a.grpo_data == "mixed":
+    triples = out / "annotate" / "triples.jsonl"
+    recs["select"] = _record(
+      out / "select", lambda: stage_select(out / "select", triples, a.policy)
+    )
+    if recs["select"]["data"]:
+      grpo_data = recs["select"]["data"]
+    else:
+      logging.warning("select: no question with a mixed pass rate; GRPO on %s", train_data)
+  elif a.grpo_data != "train":
+    raise SystemExit(f"--grpo_data {a.grpo_data!r}: 'train' or 'mixed'")
   for mode in a.modes:
     d = out / "grpo" / mode
-    recs[f"grpo/{mode}"] = _record(d, lambda d=d, m=mode: stage_grpo(a, d, m, rm_dir, train_data))
+    recs[f"grpo/{mode}"] = _record(d, lambda d=d, m=mode: stage_grpo(a, d, m, rm_dir, grpo_data))
   sources = {"untrained": ["--model", a.policy]}
   sources |= {m: ["--checkpoint", recs[f"grpo/{m}"]["run"]] for m in a.modes}
   for name, src in sources.items():
