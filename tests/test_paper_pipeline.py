@@ -25,7 +25,7 @@ def _pipeline(out, model, data):
   args += ["--max_new_tokens", "8", "--rm_steps", "2", "--rm_batch", "4", "--rm_max_len", "128"]
   args += ["--steps", "1", "--eval_limit", "1", "--eval_samples", "1"]
   args += ["--eval_max_new_tokens", "8", "--benchmarks", "gsm8k/test,odyssey_math/test"]
-  args += ["--modes", "cooper"]
+  args += ["--modes", "cooper", "--grpo_overrides", "rollout.max_new_tokens=8"]
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
   p = subprocess.run(
     [sys.executable, "tools/paper_pipeline.py", *args],
@@ -56,6 +56,8 @@ def test_pipeline_end_to_end_and_resume(tmp_path, tiny_smol):
   sel = recs["select"]
   assert sel["n_questions"] == 4 and sel["n_mixed"] + sel["n_all_wrong"] + sel["n_all_right"] == 4
   assert [s["step"] for s in recs["grpo/cooper"]["per_step"]] == [1]
+  grpo_cfg = json.loads((out / "grpo" / "cooper" / "config.json").read_text())
+  assert grpo_cfg["rollout"]["max_new_tokens"] == 8  # --grpo_overrides reached the run
   coop = recs["grpo/cooper"]["per_step"][0]
   rejected = sum(coop["negatives_rejected"].values())
   assert coop["negatives_tried"] == coop["pairs"] + rejected  # every try accounted for

@@ -54,6 +54,9 @@ PRESETS = {
     rm_batch=8,
     rm_max_len=512,
     grpo_config="experiments/smollm2.py:cpu_smoke",
+    # the annotation's generation length (cpu_smoke's 64 tokens end before most answers) and
+    # G=8: a group on a question answered 1 time in 8 holds a positive about 2 times in 3
+    grpo_overrides="rollout.max_new_tokens=160,rollout.group_size=8",
     steps=3,
     eval_limit=2,
     eval_samples=4,
@@ -76,6 +79,7 @@ PRESETS = {
     rm_batch=64,
     rm_max_len=2048,
     grpo_config="experiments/paper.py:qwen,{mode}",
+    grpo_overrides="",
     steps=200,
     eval_limit=0,
     eval_samples=8,
@@ -212,6 +216,7 @@ def stage_grpo(a, out: Path, mode: str, rm_dir: str, train_data: str) -> dict:
       f"train.steps={a.steps}",
       "train.eval_every=0",
       f"seed={a.seed}",
+      *[kv for kv in a.grpo_overrides.split(",") if kv],
     ],
   )
   train(c, str(out))
