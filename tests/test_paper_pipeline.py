@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cooper_jax.io import write_jsonl
 from cooper_jax.weights.hf_io import save_hf_dir
 
@@ -100,3 +102,13 @@ def test_select_keeps_the_questions_with_a_mixed_pass_rate(tmp_path):
   assert rec["pass_rates"] == {"q1": 0.5}
   rows = [json.loads(x) for x in Path(rec["data"]).read_text().splitlines()]
   assert rows == [{"id": "q1", "question": "Qq1", "answer": "1"}]
+
+
+def test_a_grpo_data_typo_stops_before_any_stage(tmp_path, capsys):
+  sys.path.insert(0, str(ROOT / "tools"))
+  import paper_pipeline  # pylint: disable=import-outside-toplevel
+
+  with pytest.raises(SystemExit):
+    paper_pipeline.main(["--out", str(tmp_path / "pipe"), "--grpo_data", "mix"])
+  assert "--grpo_data 'mix'" in capsys.readouterr().err
+  assert not (tmp_path / "pipe").exists()  # nothing written

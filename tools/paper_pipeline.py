@@ -110,6 +110,8 @@ def parse_args(argv=None):
   for key, value in PRESETS[a.size].items():
     if getattr(a, key) is None:
       setattr(a, key, value)
+  if a.grpo_data not in ("train", "mixed"):  # before any stage runs, not after annotation
+    p.error(f"--grpo_data {a.grpo_data!r}: 'train' or 'mixed'")
   return a
 
 
@@ -347,8 +349,6 @@ def main(argv=None) -> dict:
       grpo_data = recs["select"]["data"]
     else:
       logging.warning("select: no question with a mixed pass rate; GRPO on %s", train_data)
-  elif a.grpo_data != "train":
-    raise SystemExit(f"--grpo_data {a.grpo_data!r}: 'train' or 'mixed'")
   for mode in a.modes:
     d = out / "grpo" / mode
     recs[f"grpo/{mode}"] = _record(d, lambda d=d, m=mode: stage_grpo(a, d, m, rm_dir, grpo_data))
