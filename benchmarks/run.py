@@ -25,6 +25,12 @@ CPU sections (`--only` picks some):
                same weights, ids and sizes as `sampler`, after a correctness gate (logits within
                1e-3 of ours, 16 greedy tokens equal on two prompts); both processes pinned to 2
                CPUs (benchmarks/tunix_side.py, venv --tunix-python, default /tmp/tunix).
+  llamacpp_sampler  cooper_jax `sample` vs llama.cpp's batched decode (llama-cpp-python 0.3.36,
+               its low-level API as llama.cpp's `batched` example uses it) on an F32 GGUF of the
+               embedded weights, same ids and sizes as `sampler`, after the same correctness
+               gate; the original Q4_1 file as a labelled extra; 2 threads a side
+               (benchmarks/llamacpp_side.py, venv --llamacpp-python, default /tmp/llamacpp).
+               Full mode only (it needs the embedded GGUF).
   iteration    one Cooper iteration vs one rule-only iteration of experiments/smollm2.py
                (cpu_smoke sizes, perturb negatives, same seed so the same prompts), through
                cooper_jax.train.train, with the loop's time/* metrics side by side; trained
@@ -63,7 +69,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `benchmarks` and `cooper_jax` importable
   sys.path.insert(0, str(REPO))
 
-from benchmarks import floors, harness, trl_side, tunix_side  # noqa: E402
+from benchmarks import floors, harness, llamacpp_side, trl_side, tunix_side  # noqa: E402
 from benchmarks.torch_side import DEFAULT_TORCH_PYTHON  # noqa: E402
 
 SECTIONS = (
@@ -71,6 +77,7 @@ SECTIONS = (
   "sampler",
   "decode_floor",
   "tunix_sampler",
+  "llamacpp_sampler",
   "policy_step",
   "checkpoint",
   "iteration",
@@ -99,6 +106,11 @@ def parse_args(argv=None):
   ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer (no ratios)")
   ap.add_argument(
     "--tunix-python", default=tunix_side.DEFAULT_TUNIX_PYTHON, help="python of the tunix venv"
+  )
+  ap.add_argument(
+    "--llamacpp-python",
+    default=llamacpp_side.DEFAULT_LLAMACPP_PYTHON,
+    help="python of the llama-cpp-python venv",
   )
   ap.add_argument(
     "--trl-python", default=trl_side.DEFAULT_TRL_PYTHON, help="python of the TRL venv"
@@ -290,6 +302,24 @@ def cpu_mode(args, report) -> None:
       )
       print("tunix_sampler done", flush=True)
 
+    if "llamacpp_sampler" in args.only:
+      if args.quick:
+        print("llamacpp_sampler: full mode only (it runs the embedded GGUF), skipped")
+      else:
+        llamacpp_side.llamacpp_sampler_section(
+          report,
+          cfg,
+          params,
+          prompts,
+          sz["batches"],
+          sz["new_tokens"],
+          args.llamacpp_python,
+          str(root),
+          args.runs,
+          sz["sampler_reps"],
+        )
+        print("llamacpp_sampler done", flush=True)
+
     policy_state = None
     if "policy_step" in args.only or "checkpoint" in args.only:
       b, p, n = sz["step"]
@@ -426,7 +456,7 @@ def gpu_mode(args, report) -> None:
   if jax.default_backend() != "gpu":
     print(f"WARNING: jax backend is {jax.default_backend()!r}, not 'gpu'; peers are an H200")
   shapes = S.gpu_shapes()
-  for name in ("tunix_sampler", "trl_iteration"):
+  for name in ("tunix_sampler", "llamacpp_sampler", "trl_iteration"):
     if name in args.only:
       print(f"{name}: CPU mode only, skipped")
   if args.quick:
@@ -504,7 +534,7 @@ def main(argv=None) -> int:
     # The CPU mode times the CPU: keep jax off any other backend it may find (and libtpu's
     # start-up probing out of the output).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    peers = [s for s in ("tunix_sampler", "trl_iteration") if s in args.only]
+    peers = [s for s in ("tunix_sampler", "llamacpp_sampler", "trl_iteration") if s in args.only]
     if peers:  # both sides of them on CPUS threads: pin before jax starts
       n = tunix_side.CPUS  # == trl_side.CPUS
       print(f"pinned to CPUs {tunix_side.limit_cpus(n)} ({', '.join(peers)}: {n} threads a side)")

@@ -254,6 +254,65 @@ def test_tunix_section_without_its_venv_records_no_ratio(tmp_path):
   assert a.only == ["tunix_sampler"] and a.tunix_python == "/x/python"
 
 
+def test_llamacpp_section_without_its_venv_records_no_ratio(tmp_path):
+  rep = harness.Report("t", {})
+  never = lambda b: pytest.fail("prompts are not needed when the peer is absent")
+  run.llamacpp_side.llamacpp_sampler_section(
+    rep, None, None, never, [16, 64], 128, str(tmp_path / "no" / "python"), str(tmp_path), 3, 2
+  )
+  assert [f.key for f in rep.figures] == [
+    "llamacpp_f32_b16",
+    "llamacpp_q4_1_b16",
+    "llamacpp_f32_b64",
+    "llamacpp_q4_1_b64",
+  ]
+  for f in rep.figures:
+    assert f.runs == [] and f.worst_ratio is None and "peer not run" in f.notes[0]
+  a = run.parse_args(["--only", "llamacpp_sampler", "--llamacpp-python", "/x/python"])
+  assert a.only == ["llamacpp_sampler"] and a.llamacpp_python == "/x/python"
+
+
+def test_f32_gguf_holds_the_dequantised_values_and_the_metadata(tmp_path):
+  """The peer's F32 file: every tensor F32 and equal to gguf's dequantisation of the source
+  (a Q8_0 and an F32 tensor here), every metadata field copied but the file type, which says
+  ALL_F32; nothing half-written left next to it."""
+  gguf = pytest.importorskip("gguf")
+  from benchmarks import llamacpp_side  # pylint: disable=import-outside-toplevel
+
+  rng = np.random.default_rng(0)
+  w8 = rng.normal(size=(4, 64)).astype(np.float32)
+  norm = rng.normal(size=(64,)).astype(np.float32)
+  src = tmp_path / "src.gguf"
+  w = gguf.GGUFWriter(str(src), "llama")
+  w.add_block_count(1)
+  w.add_rope_freq_base(1e5)
+  w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q8_0))
+  w.add_token_list(["<a>", "b", "c"])
+  q8 = gguf.quants.quantize(w8, gguf.GGMLQuantizationType.Q8_0)
+  w.add_tensor("blk.0.attn_q.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+  w.add_tensor("output_norm.weight", norm)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+  dst = llamacpp_side.f32_gguf(str(src), str(tmp_path / "f32.gguf"))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["f32.gguf", "src.gguf"]
+  a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(dst)
+  got = {t.name: t for t in b.tensors}
+  assert {t.tensor_type for t in b.tensors} == {gguf.GGMLQuantizationType.F32}
+  q = got["blk.0.attn_q.weight"]
+  deq = np.asarray(q.data).reshape(4, 64)
+  np.testing.assert_array_equal(deq, gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0))
+  assert 0 < np.abs(deq - w8).max() < 0.05  # a real Q8_0 round trip, not the float input
+  np.testing.assert_array_equal(np.asarray(got["output_norm.weight"].data), norm)
+  fields = lambda r: {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+  fa, fb = fields(a), fields(b)
+  assert fb.pop("general.file_type") == int(gguf.LlamaFileType.ALL_F32)
+  assert fa.pop("general.file_type") == int(gguf.LlamaFileType.MOSTLY_Q8_0)
+  assert fa == fb and fb["tokenizer.ggml.tokens"] == ["<a>", "b", "c"]
+
+
 def test_trl_config_follows_our_run_config():
   from benchmarks import trl_side  # pylint: disable=import-outside-toplevel
 
