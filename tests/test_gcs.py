@@ -1,7 +1,8 @@
 """gs:// run directories for real: the tiny config trained with `--workdir gs://<bucket>/run`
 against a local GCS server (tests/gcs_emulator.py), killed with SIGKILL mid-run and restarted;
 metrics, saved rollouts and final parameters must equal a local run's exactly, and metrics,
-config, manifests and Orbax checkpoints must be objects in the bucket."""
+config, manifests and Orbax checkpoints must be objects in the bucket. And several writers: a
+2-process run writing one bucket equals the same run on a local directory."""
 
 import importlib.util
 import json
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import comparable, final_params, free_port, train_cmd
 from gcs_emulator import client_env
+from mp_helpers import params, run
 
 from cooper_jax.metrics import read_metrics
 
@@ -147,3 +149,33 @@ def test_killed_gs_run_resumes_to_the_local_runs_parameters(gcs, tmp_path):
 
   jax.tree.map(np.testing.assert_array_equal, pa, pb)
   assert float(rows[0]["policy/grad_norm"]) > 0  # training moved the policy
+
+
+def test_two_processes_write_one_bucket_as_they_write_a_local_directory(gcs, tmp_path):
+  """Several writers: 2 processes x 2 devices (a 2-host slice in miniature) with the run
+  directory in the bucket. Each process writes its own shards of every checkpoint through
+  tensorstore and the primary the rest; the run must equal the same 2-process run on a local
+  directory step for step and bit for bit, every checkpoint step complete in the bucket."""
+  _, env = gcs
+  import gcsfs  # pylint: disable=import-outside-toplevel
+
+  local, remote, steps = tmp_path / "two", f"gs://{BUCKET}/two", 3
+  every = ("--config.train.checkpoint_every=1",)
+  run(local, 2, 2, *every, steps=steps)
+  run(remote, 2, 2, *every, steps=steps, env=env)
+  fs = gcsfs.core.GCSFileSystem(token="anon")
+  fs.invalidate_cache()
+  names = {p.rsplit("/", 1)[1] for p in fs.ls(f"{BUCKET}/two/checkpoints")}
+  assert {str(s) for s in range(1, steps + 1)} <= names, names
+  for s in range(1, steps + 1):
+    assert fs.exists(f"{BUCKET}/two/checkpoints/{s}/cooper_manifest.json"), s
+  # Both processes wrote data of their own (Orbax's OCDBT store per process) into the bucket.
+  objs = fs.find(f"{BUCKET}/two/checkpoints/{steps}/policy")
+  for i in range(2):
+    assert any(f"/ocdbt.process_{i}/d/" in o for o in objs), (i, objs)
+  rows = read_metrics(remote)
+  assert [r["step"] for r in rows] == list(range(1, steps + 1))  # the primary's lines only
+  assert comparable(rows) == comparable(read_metrics(local))
+  import jax  # pylint: disable=import-outside-toplevel
+
+  jax.tree.map(np.testing.assert_array_equal, params(local, steps), params(remote, steps))

@@ -7,7 +7,6 @@ Each process is `python -m cooper_jax.train` with its own --config.distributed.*
 user would start one per host."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,81 +15,17 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-from conftest import free_port, train_cmd
+from mp_helpers import HEARTBEAT_S, ROOT
+from mp_helpers import dist_flags as _dist_flags
+from mp_helpers import launch as _launch
+from mp_helpers import log as _log
+from mp_helpers import params as _params
+from mp_helpers import run as _run
+from mp_helpers import spawn as _spawn
+from mp_helpers import wait as _wait
 
 from cooper_jax.metrics import read_metrics
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = str(ROOT / "experiments" / "tiny.py")
-# 4 prompts x G=4: every process holds whole groups and the RM pairs split over data=4.
-COMMON = ("--config.rollout.prompts_per_step=4", "--config.train.max_to_keep=10")
-HEARTBEAT_S = 10
-
-
-def _launch(workdir, n_proc, devices, *overrides, steps):
-  """Starts n_proc training processes (devices CPU devices each); returns the Popens."""
-
-  def cmd(i, port):
-    return train_cmd(workdir, steps, *COMMON, *overrides) + _dist_flags(i, port, n_proc)
-
-  return _spawn(workdir, n_proc, devices, cmd)
-
-
-def _dist_flags(i, port, n_proc) -> list[str]:
-  """Process i's --config.distributed flags (none for a single process)."""
-  if n_proc == 1:
-    return []
-  return [
-    f"--config.distributed.coordinator_address=localhost:{port}",
-    f"--config.distributed.num_processes={n_proc}",
-    f"--config.distributed.process_id={i}",
-    f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_S}",
-    "--config.distributed.initialization_timeout_s=120",
-  ]
-
-
-def _spawn(workdir, n_proc, devices, cmd):
-  """Starts n_proc processes `cmd(i, port)` (devices CPU devices each, logs next to
-  workdir); returns the Popens."""
-  env = dict(
-    os.environ,
-    JAX_PLATFORMS="cpu",
-    ALLOW_MULTIPLE_LIBTPU_LOAD="1",
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-  )
-  port = free_port()
-  procs = []
-  for i in range(n_proc):
-    log = open(Path(f"{workdir}.p{i}.log"), "w")  # pylint: disable=consider-using-with
-    procs.append(
-      subprocess.Popen(
-        cmd(i, port), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
-      )
-    )
-  return procs
-
-
-def _log(workdir, i) -> str:
-  return Path(f"{workdir}.p{i}.log").read_text()
-
-
-def _wait(procs, workdir, timeout=240):
-  deadline = time.time() + timeout
-  for p in procs:
-    try:
-      p.wait(timeout=max(1, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-      for q in procs:
-        q.kill()
-      pytest.fail(f"timed out; log of process 0:\n{_log(workdir, 0)[-3000:]}")
-  for i, p in enumerate(procs):
-    assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{_log(workdir, i)[-3000:]}"
-
-
-def _run(workdir, n_proc, devices, *overrides, steps):
-  _wait(_launch(workdir, n_proc, devices, *overrides, steps=steps), workdir)
 
 
 def _wait_for_steps(workdir, n, procs, timeout=240):
@@ -103,20 +38,6 @@ def _wait_for_steps(workdir, n, procs, timeout=240):
       pytest.fail(f"a process ended early:\n{_log(workdir, 0)[-3000:]}")
     time.sleep(0.2)
   pytest.fail(f"fewer than {n} steps logged in {timeout} s")
-
-
-def _params(workdir, step):
-  """The policy and RM states of one checkpoint step, on this process's first device (the
-  checkpoint may come from another topology)."""
-  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  out = {}
-  with ocp.StandardCheckpointer() as ck:
-    for item in ("policy", "rm"):
-      path = Path(workdir) / "checkpoints" / str(step) / item
-      tree = ck.metadata(path).item_metadata.tree
-      target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), tree)
-      out[item] = jax.tree.map(np.asarray, ck.restore(path, target))
-  return out
 
 
 def _steps(workdir):
