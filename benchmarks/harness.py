@@ -151,6 +151,32 @@ def our_gate_side(cfg, params, tokens, mask, greedy_tokens: int):
   return logits, np.asarray(out.tokens)
 
 
+GATE_LOGIT_TOL = 1e-3  # every peer's gate: logits within this of ours at every real position
+
+
+def gate_figures(ours_l, peer_l, mask, ours_g, peer_g, load_s: float, **extra) -> tuple:
+  """(ok, figures) of a peer's correctness gate from both sides' logits [b, t, v] over the
+  same left-padded ids (compared where `mask` is true) and greedy tokens [b, n]: ok when every
+  real position is within GATE_LOGIT_TOL and the greedy tokens are equal."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  diff = np.abs(np.asarray(ours_l) - np.asarray(peer_l))
+  first = mask.argmax(1)  # left padding: each row's first real position
+  ours_g, peer_g = np.asarray(ours_g), np.asarray(peer_g)
+  res = {
+    "max_abs_logit_diff": float(diff[mask].max()),
+    "max_abs_logit_diff_first_position": float(diff[np.arange(len(first)), first].max()),
+    "max_abs_logit_diff_last_position": float(diff[:, -1].max()),
+    "positions_compared": int(mask.sum()),
+    "greedy_equal": bool(ours_g.shape == peer_g.shape and np.array_equal(ours_g, peer_g)),
+    "greedy_ours": ours_g.tolist(),
+    "greedy_peer": peer_g.tolist(),
+    "load_s": load_s,
+    **extra,
+  }
+  return res["max_abs_logit_diff"] <= GATE_LOGIT_TOL and res["greedy_equal"], res
+
+
 def _num(x: float) -> str:
   if x == 0:
     return "0"

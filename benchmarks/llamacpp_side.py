@@ -87,7 +87,7 @@ def gate(cfg, params, tokens, mask, peer, gguf_path: str, greedy_tokens: int = 1
   """(ok, figures): logits at every real position of each prompt (decoded alone, no padding)
   within 1e-3 of `forward`'s on the left-padded batch, and `greedy_tokens` greedy tokens equal
   to `sample`'s."""
-  from benchmarks.harness import our_gate_side  # pylint: disable=import-outside-toplevel
+  from benchmarks.harness import gate_figures, our_gate_side  # pylint: disable=import-outside-toplevel
 
   npz = peer.save_arrays(tokens=tokens, mask=mask)
   out = peer.path("logits")
@@ -95,22 +95,8 @@ def gate(cfg, params, tokens, mask, peer, gguf_path: str, greedy_tokens: int = 1
   ours_l, ours_g = our_gate_side(cfg, params, tokens, mask, greedy_tokens)
   with np.load(out) as z:
     peer_l = z["logits"]
-  peer_g = np.asarray(
-    peer.call("greedy", gguf=gguf_path, npz=npz, new_tokens=greedy_tokens)["tokens"]
-  )
-  diff = np.abs(ours_l - peer_l)[mask]
-  res = {
-    "max_abs_logit_diff": float(diff.max()),
-    "max_abs_logit_diff_first_position": float(
-      max(np.abs(ours_l[i, m.argmax()] - peer_l[i, m.argmax()]).max() for i, m in enumerate(mask))
-    ),
-    "positions_compared": int(mask.sum()),
-    "greedy_equal": bool(np.array_equal(ours_g, peer_g)),
-    "greedy_ours": ours_g.tolist(),
-    "greedy_peer": peer_g.tolist(),
-    "load_s": theirs["load_s"],
-  }
-  return res["max_abs_logit_diff"] <= 1e-3 and res["greedy_equal"], res
+  peer_g = peer.call("greedy", gguf=gguf_path, npz=npz, new_tokens=greedy_tokens)["tokens"]
+  return gate_figures(ours_l, peer_l, mask, ours_g, peer_g, theirs["load_s"])
 
 
 def llamacpp_sampler_section(

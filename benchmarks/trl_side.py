@@ -188,25 +188,15 @@ def gate(cfg, params, tokens, mask, pad_id, peer: TrlPeer, hf_dir: str, greedy_t
   """The peer runs our model, or no timing: (ok, figures). Logits of every real position of the
   same left-padded ids within 1e-3 of `forward`'s, and `greedy_tokens` greedy tokens (no EOS)
   equal to `sample`'s, from the model as the TRL worker loads it."""
-  from benchmarks.harness import our_gate_side  # pylint: disable=import-outside-toplevel
+  from benchmarks.harness import gate_figures, our_gate_side  # pylint: disable=import-outside-toplevel
 
   out = peer.path("logits")
   npz = peer.save_arrays(tokens=tokens, mask=mask, pad_id=pad_id)
   theirs = peer.call("gate", hf_dir=hf_dir, npz=npz, out=out, new_tokens=greedy_tokens)
   ours_l, ours_g = our_gate_side(cfg, params, tokens, mask, greedy_tokens)
   with np.load(out) as z:
-    diff = np.abs(ours_l - z["logits"])
-  peer_g = np.asarray(theirs["tokens"])
-  res = {
-    "max_abs_logit_diff": float(diff[mask].max()),
-    "max_abs_logit_diff_last_position": float(diff[:, -1].max()),
-    "positions_compared": int(mask.sum()),
-    "greedy_equal": bool(np.array_equal(ours_g, peer_g)),
-    "greedy_ours": ours_g.tolist(),
-    "greedy_peer": peer_g.tolist(),
-    "load_s": theirs["load_s"],
-  }
-  return res["max_abs_logit_diff"] <= 1e-3 and res["greedy_equal"], res
+    peer_l = z["logits"]
+  return gate_figures(ours_l, peer_l, mask, ours_g, theirs["tokens"], theirs["load_s"])
 
 
 def trl_iteration_section(

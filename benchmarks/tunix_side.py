@@ -78,7 +78,7 @@ def gate(cfg, params, tokens, mask, peer: TunixPeer, hf_dir: str, greedy_tokens:
   """The peer runs our model, or no timing: (ok, figures). Logits of every real position of
   the same left-padded ids (the last one is what the first new token is drawn from) within
   1e-3 of `forward`'s, and `greedy_tokens` greedy tokens equal to `sample`'s."""
-  from benchmarks.harness import our_gate_side  # pylint: disable=import-outside-toplevel
+  from benchmarks.harness import gate_figures, our_gate_side  # pylint: disable=import-outside-toplevel
 
   pad = peer_pad_id(tokens[mask])
   npz = peer.save_arrays(tokens=tokens, mask=mask, pad_id=pad)
@@ -87,23 +87,17 @@ def gate(cfg, params, tokens, mask, peer: TunixPeer, hf_dir: str, greedy_tokens:
   ours_l, ours_g = our_gate_side(cfg, params, tokens, mask, greedy_tokens)
   with np.load(out) as z:
     peer_l, unpatched = z["logits"], z["unpatched"]
-  diff = np.abs(ours_l - peer_l)[mask]  # [real positions, vocab]
-  peer_g = np.asarray(
-    peer.call("greedy", hf_dir=hf_dir, npz=npz, new_tokens=greedy_tokens)["tokens"]
+  peer_g = peer.call("greedy", hf_dir=hf_dir, npz=npz, new_tokens=greedy_tokens)["tokens"]
+  return gate_figures(
+    ours_l,
+    peer_l,
+    mask,
+    ours_g,
+    peer_g,
+    theirs["load_s"],
+    max_abs_logit_diff_without_rope_fix=float(np.abs(ours_l - unpatched)[mask].max()),
+    peer_pad_id=pad,
   )
-  res = {
-    "max_abs_logit_diff": float(diff.max()),
-    "max_abs_logit_diff_last_position": float(np.abs(ours_l - peer_l)[:, -1].max()),
-    "max_abs_logit_diff_without_rope_fix": float(np.abs(ours_l - unpatched)[mask].max()),
-    "positions_compared": int(mask.sum()),
-    "greedy_equal": bool(np.array_equal(ours_g, peer_g)),
-    "greedy_ours": ours_g.tolist(),
-    "greedy_peer": peer_g.tolist(),
-    "peer_pad_id": pad,
-    "load_s": theirs["load_s"],
-  }
-  ok = res["max_abs_logit_diff"] <= 1e-3 and res["greedy_equal"]
-  return ok, res
 
 
 def tunix_sampler_section(

@@ -254,6 +254,27 @@ def test_tunix_section_without_its_venv_records_no_ratio(tmp_path):
   assert a.only == ["tunix_sampler"] and a.tunix_python == "/x/python"
 
 
+def test_gate_figures_count_real_positions_only():
+  """Every peer's gate: padding positions never count; one real position past 1e-3 or one
+  differing greedy token fails it."""
+  mask = np.array([[False, True, True], [True, True, True]])
+  ours = np.zeros((2, 3, 4), np.float32)
+  peer = ours.copy()
+  peer[0, 0, 1] = 5.0  # padding: ignored
+  peer[0, 1, 2] = 4e-4  # row 0's first real position
+  peer[1, 2, 0] = -6e-4  # row 1's last position
+  greedy = np.array([[1, 2], [3, 4]])
+  ok, res = harness.gate_figures(ours, peer, mask, greedy, greedy.tolist(), 0.5, extra=7)
+  assert ok and res["positions_compared"] == 5 and res["extra"] == 7
+  assert res["max_abs_logit_diff"] == pytest.approx(6e-4)
+  assert res["max_abs_logit_diff_first_position"] == pytest.approx(4e-4)
+  assert res["max_abs_logit_diff_last_position"] == pytest.approx(6e-4)
+  assert not harness.gate_figures(ours, peer, mask, greedy, [[1, 2], [3, 5]], 0.5)[0]
+  peer[1, 1, 3] = 1.5e-3
+  ok, res = harness.gate_figures(ours, peer, mask, greedy, greedy, 0.5)
+  assert not ok and res["max_abs_logit_diff"] == pytest.approx(1.5e-3)
+
+
 def test_llamacpp_section_without_its_venv_records_no_ratio(tmp_path):
   rep = harness.Report("t", {})
   never = lambda b: pytest.fail("prompts are not needed when the peer is absent")
