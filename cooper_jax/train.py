@@ -198,7 +198,7 @@ class Run:
     generated them. Metrics are means over the updates; the mismatch is the first update's,
     taken at the sampling parameters."""
     c = self.c
-    if self.ref_params is not None:
+    if self.ref_params is not None and "ref_logp" not in batch:
       keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
       batch["ref_logp"] = self.logprob_fn(self.ref_params, {k: batch[k] for k in keys})
     b = batch["advantages"].shape[0]
@@ -262,6 +262,19 @@ class Run:
         f"process {dist.process_index()} holds rows {own.tolist()}, not whole groups"
       )
     out_tok, out_mask = dist.fetch_local_rows(out.tokens), dist.fetch_local_rows(out.mask)
+    resp_len = dist.gather_rows(own, out_mask.sum(1), n)
+    w = _bucket(int(resp_len.max()), c.rollout.response_pad_multiple, c.rollout.max_new_tokens)
+    bs = sharding.batch_sharding(self.mesh)
+    batch = {
+      "prompt_tokens": dist.put_global(np.asarray(tok, np.int32), bs),
+      "prompt_mask": dist.put_global(mask, bs),
+      "response_tokens": _first_columns(out.tokens.astype(jnp.int32), w),
+      "response_mask": _first_columns(out.mask, w),
+    }
+    if self.ref_params is not None:
+      # Dispatched now (asynchronously): the reference pass needs only the tokens, so it runs
+      # on the devices while the host decodes, verifies and scores.
+      batch["ref_logp"] = self.logprob_fn(self.ref_params, batch)
     texts = [self.tokenizer.decode(out_tok[i][out_mask[i]].tolist()) for i in range(len(own))]
     t_sample = time.perf_counter()
     mine = [rows[i] for i in own[::group] // group]
@@ -288,17 +301,9 @@ class Run:
     adv = losses.grpo_advantages(
       jnp.asarray(rewards), group, scale_by_std=c.policy.loss.scale_adv_by_std
     )
-    bs, rows_sh = sharding.batch_sharding(self.mesh), sharding.batch_sharding(self.mesh, 1)
-    resp_len = ro.gather(out_mask.sum(1))
-    w = _bucket(int(resp_len.max()), c.rollout.response_pad_multiple, c.rollout.max_new_tokens)
-    batch = {
-      "prompt_tokens": dist.put_global(np.asarray(tok, np.int32), bs),
-      "prompt_mask": dist.put_global(mask, bs),
-      "response_tokens": _first_columns(out.tokens.astype(jnp.int32), w),
-      "response_mask": _first_columns(out.mask, w),
-      "advantages": dist.put_global(np.asarray(adv, np.float32), rows_sh),
-      "sampler_logp": _first_columns(out.logprobs.astype(jnp.float32), w),
-    }
+    rows_sh = sharding.batch_sharding(self.mesh, 1)
+    batch["advantages"] = dist.put_global(np.asarray(adv, np.float32), rows_sh)
+    batch["sampler_logp"] = _first_columns(out.logprobs.astype(jnp.float32), w)
     m.update(self.policy_update(batch, step))
     m["policy/response_width"] = w
     m["rollout/prompt_width"] = int(tok.shape[1])
