@@ -177,6 +177,33 @@ def gate_figures(ours_l, peer_l, mask, ours_g, peer_g, load_s: float, **extra) -
   return res["max_abs_logit_diff"] <= GATE_LOGIT_TOL and res["greedy_equal"], res
 
 
+def paired_peer_runs(
+  report, fig, runs: int, reps: int, produced: int, ours, call_peer, name: str, **keep
+):
+  """`runs` paired runs of a sampler figure: the peer's call (`call_peer()`, a worker answer
+  with "seconds" per call and "made", the tokens it made) right before ours (`ours.measure`),
+  each side's best of `reps` calls as new tokens/s; `keep` names answer fields recorded with
+  each run (run field = answer field). Returns the peer's answers."""
+  answers = []
+  for _ in range(runs):
+    load = load1()
+    p = call_peer()
+    if p["made"] != produced:
+      raise RuntimeError(f"{name} made {p['made']} tokens, not {produced}")
+    secs = ours.measure(reps)
+    fig.add_run(
+      produced / min(secs),
+      produced / min(p["seconds"]),
+      load,
+      ours_seconds=secs,
+      peer_seconds=p["seconds"],
+      **{field: p[src] for field, src in keep.items()},
+    )
+    report.save_partial()
+    answers.append(p)
+  return answers
+
+
 def _num(x: float) -> str:
   if x == 0:
     return "0"

@@ -154,24 +154,21 @@ def llamacpp_sampler_section(
       tokens, mask, pad_id = prompts(b)
       npz = peer.save_arrays(tokens=tokens, mask=mask)
       ours = OurSampler(cfg, params, tokens, mask, new_tokens, pad_id)
-      produced = b * new_tokens
       for quant, path in files.items():
         fig = figs[b, quant]
-        for _ in range(runs):
-          load = harness.load1()
-          p = peer.call("generate", gguf=path, npz=npz, new_tokens=new_tokens, reps=reps)
-          if p["made"] != produced:
-            raise RuntimeError(f"llama.cpp made {p['made']} tokens, not {produced}")
-          secs = ours.measure(reps)
-          fig.add_run(
-            produced / min(secs),
-            produced / min(p["seconds"]),
-            load,
-            ours_seconds=secs,
-            peer_seconds=p["seconds"],
-            peer_prefill_s=p["prefill_s"],
-          )
-          report.save_partial()
+        p = harness.paired_peer_runs(
+          report,
+          fig,
+          runs,
+          reps,
+          b * new_tokens,
+          ours,
+          lambda path=path: peer.call(
+            "generate", gguf=path, npz=npz, new_tokens=new_tokens, reps=reps
+          ),
+          "llama.cpp",
+          peer_prefill_s="prefill_s",
+        )[-1]
         fig.notes.append(
           f"best of {reps} calls per side per run; our compile {ours.compile_s:.1f} s; "
           f"llama.cpp prefill (all prompts, one llama_decode) {min(p['prefill_s']):.2f} s of "
@@ -222,7 +219,7 @@ class _Worker:
       self.load_s[path] = time.perf_counter() - t0
     return self.models[path]
 
-  def context(self, path: str, n_ctx: int, n_batch: int, n_seq: int, all_logits: bool = False):
+  def context(self, path: str, n_ctx: int, n_batch: int, n_seq: int):
     ll = self.ll
     cp = ll.llama_context_default_params()
     cp.n_ctx = n_ctx
@@ -234,7 +231,6 @@ class _Worker:
     if hasattr(cp, "flash_attn_type"):
       cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.no_perf = True
-    del all_logits
     ctx = ll.llama_init_from_model(self.model(path), cp)
     if not ctx:
       raise RuntimeError(f"llama.cpp could not make a context (n_ctx {n_ctx}, n_seq {n_seq})")

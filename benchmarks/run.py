@@ -83,6 +83,7 @@ SECTIONS = (
   "iteration",
   "trl_iteration",
 )
+PEER_SECTIONS = ("tunix_sampler", "llamacpp_sampler", "trl_iteration")  # each in its own venv
 
 # Hugging Face transformers 5.17 / PyTorch 2.11 on one H200, random bf16 weights
 # (../shared/docs/gpu-and-peers.md): generate at batch 256, prompt 256, 512 new tokens, and a
@@ -456,7 +457,7 @@ def gpu_mode(args, report) -> None:
   if jax.default_backend() != "gpu":
     print(f"WARNING: jax backend is {jax.default_backend()!r}, not 'gpu'; peers are an H200")
   shapes = S.gpu_shapes()
-  for name in ("tunix_sampler", "llamacpp_sampler", "trl_iteration"):
+  for name in PEER_SECTIONS:
     if name in args.only:
       print(f"{name}: CPU mode only, skipped")
   if args.quick:
@@ -534,7 +535,7 @@ def main(argv=None) -> int:
     # The CPU mode times the CPU: keep jax off any other backend it may find (and libtpu's
     # start-up probing out of the output).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    peers = [s for s in ("tunix_sampler", "llamacpp_sampler", "trl_iteration") if s in args.only]
+    peers = [s for s in PEER_SECTIONS if s in args.only]
     if peers:  # both sides of them on CPUS threads: pin before jax starts
       n = tunix_side.CPUS  # == trl_side.CPUS
       print(f"pinned to CPUs {tunix_side.limit_cpus(n)} ({', '.join(peers)}: {n} threads a side)")

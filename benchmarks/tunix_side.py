@@ -167,24 +167,18 @@ def _section(report, cfg, params, prompts, batches, new_tokens, peer, hf_dir, ru
       f"sampler batch {b}, prompts {int(lens.min())}-{int(lens.max())} (width "
       f"{tokens.shape[1]}), {new_tokens} new, vs tunix: new tok/s"
     )
-    produced = b * new_tokens
-    first = None
-    for _ in range(runs):
-      load = harness.load1()
-      p = peer.call("generate", hf_dir=hf_dir, npz=npz, new_tokens=new_tokens, reps=reps)
-      first = first if first is not None else p["first_call_s"]
-      if p["new_tokens"] * p["batch"] != produced:
-        raise RuntimeError(f"tunix made {p['batch']} x {p['new_tokens']} tokens, not {produced}")
-      secs = ours.measure(reps)
-      fig.add_run(
-        produced / min(secs),
-        produced / min(p["seconds"]),
-        load,
-        ours_seconds=secs,
-        peer_seconds=p["seconds"],
-        peer_pad_sampled=p["pad_sampled"],
-      )
-      report.save_partial()
+    answers = harness.paired_peer_runs(
+      report,
+      fig,
+      runs,
+      reps,
+      b * new_tokens,
+      ours,
+      lambda: peer.call("generate", hf_dir=hf_dir, npz=npz, new_tokens=new_tokens, reps=reps),
+      "tunix",
+      peer_pad_sampled="pad_sampled",
+    )
+    first = answers[0]["first_call_s"]
     split = peer.call("split", hf_dir=hf_dir, npz=npz, new_tokens=new_tokens)
     fig.notes.append(
       f"best of {reps} calls per side per run; our compile {ours.compile_s:.1f} s; tunix's "
@@ -383,6 +377,7 @@ class _Worker:
       "seconds": seconds,
       "new_tokens": lens.pop(),
       "batch": len(texts),
+      "made": sum(len(t) for t in out.tokens),
       "first_call_s": first,
       "pad_sampled": int(sum(int(np.sum(np.asarray(t) == pad)) for t in out.tokens)),
     }

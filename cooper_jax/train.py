@@ -196,11 +196,9 @@ class Run:
     1, the sampler's log-probs only measure the sampler-vs-trainer mismatch); several use the
     sampler's log-probs as old_logp, so later mini-batches are clipped against the policy that
     generated them. Metrics are means over the updates; the mismatch is the first update's,
-    taken at the sampling parameters."""
+    taken at the sampling parameters. `batch` holds the reference log-probs when a KL term
+    needs them (`train_step` dispatches that pass as soon as the tokens exist)."""
     c = self.c
-    if self.ref_params is not None and "ref_logp" not in batch:
-      keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
-      batch["ref_logp"] = self.logprob_fn(self.ref_params, {k: batch[k] for k in keys})
     b = batch["advantages"].shape[0]
     mb = c.policy.ppo_mini_batch_size or b
     n_updates = c.policy.ppo_epochs * (b // mb)

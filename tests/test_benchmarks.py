@@ -275,6 +275,27 @@ def test_gate_figures_count_real_positions_only():
   assert not ok and res["max_abs_logit_diff"] == pytest.approx(1.5e-3)
 
 
+def test_paired_peer_runs_time_the_peer_then_ours_and_check_its_tokens():
+  rep, calls = harness.Report("t", {}), []
+
+  class Ours:
+    def measure(self, reps):
+      calls.append(("ours", reps))
+      return [2.0, 1.0]
+
+  def peer():
+    calls.append(("peer", None))
+    return {"seconds": [5.0, 4.0], "made": 32, "prefill_s": [0.5, 0.4]}
+
+  fig = rep.figure(key="k", label="l", unit="tok/s", ours_label="o", peer_label="p")
+  answers = harness.paired_peer_runs(rep, fig, 2, 2, 32, Ours(), peer, "x", prefill="prefill_s")
+  assert calls == [("peer", None), ("ours", 2)] * 2 and len(answers) == 2
+  assert fig.ratios == [4.0, 4.0]  # 32 / 1.0 s vs 32 / 4.0 s: best call of each side
+  assert fig.runs[0]["prefill"] == [0.5, 0.4] and fig.runs[0]["peer_seconds"] == [5.0, 4.0]
+  with pytest.raises(RuntimeError, match="x made 32 tokens, not 64"):
+    harness.paired_peer_runs(rep, fig, 1, 2, 64, Ours(), peer, "x")
+
+
 def test_llamacpp_section_without_its_venv_records_no_ratio(tmp_path):
   rep = harness.Report("t", {})
   never = lambda b: pytest.fail("prompts are not needed when the peer is absent")
