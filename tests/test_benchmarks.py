@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
   sys.path.insert(0, str(ROOT))
 
-from benchmarks import harness, run, sections  # noqa: E402
+from benchmarks import gpu_mode, harness, run, sections  # noqa: E402
 
 
 def fake_clock(*steps):
@@ -224,7 +224,7 @@ def test_cli_sizes():
 
 
 def test_recorded_peer_reproduces_its_rate():
-  gen, step = run._recorded(1000.0, "x")
+  gen, step = gpu_mode.recorded_peer(1000.0, "x")
   out = gen(np.zeros((4, 3), np.int32), None, 0, 50, 1)
   assert 4 * 50 / min(out["seconds"]) == pytest.approx(1000.0)
   out = step(np.zeros((2, 10), np.int32), 5, None, 1)
