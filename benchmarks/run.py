@@ -34,7 +34,7 @@ CPU sections (`--only` picks some):
   iteration    one Cooper iteration vs one rule-only iteration of experiments/smollm2.py
                (cpu_smoke sizes, perturb negatives, same seed so the same prompts), through
                cooper_jax.train.train, with the loop's time/* metrics side by side; trained
-               on one-step sums (sections.easy_arithmetic) so that Cooper's RM update falls in
+               on one-step sums (iteration.easy_arithmetic) so that Cooper's RM update falls in
                the timed steps; 2 warm-up steps (policy_step and rm_step compile).
   trl_iteration  one GRPO iteration of TRL's GRPOTrainer (trl 1.16.0, torch, HF generate) vs one
                rule-only iteration of our train loop: experiments/smollm2.py:cpu_smoke sizes and
@@ -70,7 +70,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `benchmarks` and `cooper_jax` importable
   sys.path.insert(0, str(REPO))
 
-from benchmarks import floors, gpu_mode, harness, llamacpp_side, trl_side, tunix_side  # noqa: E402
+from benchmarks import (  # noqa: E402
+  floors,
+  gpu_mode,
+  harness,
+  iteration,
+  llamacpp_side,
+  trl_side,
+  tunix_side,
+)
 from benchmarks.torch_side import DEFAULT_TORCH_PYTHON  # noqa: E402
 
 SECTIONS = (
@@ -146,7 +154,7 @@ def sizes(args) -> dict:
       sampler_reps=1 if q else 2,
       step_reps=1 if q else 3,
       # (spec, overrides, warm-up steps, train on easy sums so the RM updates: see
-      # sections.easy_arithmetic)
+      # iteration.easy_arithmetic)
       iteration=("experiments/tiny.py", ("rollout.max_new_tokens=8",), 1, False)
       if q
       else ("experiments/smollm2.py:cpu_smoke", (), 2, True),
@@ -368,8 +376,8 @@ def cpu_mode(args, report) -> None:
     if "iteration" in args.only:
       spec, overrides, warmup, easy = sz["iteration"]
       if easy:
-        overrides += (f"data.train={S.easy_arithmetic(root / 'easy_sums.jsonl')}",)
-      S.iteration_section(report, spec, args.runs, root / "train", overrides, warmup=warmup)
+        overrides += (f"data.train={iteration.easy_arithmetic(root / 'easy_sums.jsonl')}",)
+      iteration.iteration_section(report, spec, args.runs, root / "train", overrides, warmup=warmup)
       print("iteration done", flush=True)
 
     if "trl_iteration" in args.only:

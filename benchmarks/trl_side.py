@@ -153,37 +153,6 @@ class TrlPeer(WorkerClient):
     super().__init__(python, __file__, env, hint)
 
 
-def run_config(spec: str, overrides=()):
-  """The run config sections.train_metrics trains (`file.py[:arg]` relative to the repo)."""
-  from benchmarks.sections import REPO  # pylint: disable=import-outside-toplevel
-  from cooper_jax.config import load_config  # pylint: disable=import-outside-toplevel
-
-  path, _, arg = spec.partition(":")
-  return load_config(f"{REPO / path}:{arg}" if arg else str(REPO / path), overrides)
-
-
-def iteration_prompts(c, tokenizer, steps: int) -> list[dict]:
-  """The prompts our train loop draws in its first `steps` steps, in order (same data, seed and
-  iterator), as text (chat-templated, instruction suffix), ids and reference answer."""
-  from cooper_jax.data import PromptIterator, load_qa  # pylint: disable=import-outside-toplevel
-  from cooper_jax.prompts import build_prompts  # pylint: disable=import-outside-toplevel
-
-  d = c.data
-  rows, _ = load_qa(
-    d.train, question_key=d.question_key, answer_key=d.answer_key, on_bad_row=d.on_bad_row
-  )
-  it = PromptIterator(rows, seed=c.seed)
-  drawn = [r for _ in range(steps) for r in it.next_batch(c.rollout.prompts_per_step)]
-  texts = build_prompts(tokenizer, [r["question"] for r in drawn], d.prompt_suffix)
-  out = []
-  for text, r in zip(texts, drawn):
-    ids = tokenizer.encode(text)
-    if len(ids) > c.rollout.max_prompt_len:  # our loop refuses such a prompt; TRL would take it
-      raise ValueError(f"prompt of {len(ids)} tokens > rollout.max_prompt_len")
-    out.append({"prompt": text, "answer": r["answer"], "ids": ids})
-  return out
-
-
 def gate(cfg, params, tokens, mask, pad_id, peer: TrlPeer, hf_dir: str, greedy_tokens: int = 16):
   """The peer runs our model, or no timing: (ok, figures). Logits of every real position of the
   same left-padded ids within 1e-3 of `forward`'s, and `greedy_tokens` greedy tokens (no EOS)
@@ -203,7 +172,7 @@ def trl_iteration_section(
   report, spec: str, overrides, warmup: int, runs: int, workroot, python, run_train=None
 ) -> None:
   """`warmup` + `runs` GRPO iterations of TRL's GRPOTrainer, then as many rule-only iterations
-  of our train loop (`run_train`, default sections.train_metrics) on the same config, prompts
+  of our train loop (`run_train`, default iteration.train_metrics) on the same config, prompts
   and weights; run i pairs step warmup + i of both. No timing unless the gate passes; without
   the TRL venv the figures stay empty ("peer not run")."""
   try:
@@ -220,7 +189,7 @@ def trl_iteration_section(
 
 def _section(report, spec, overrides, warmup, runs, workroot, peer, run_train):
   from benchmarks import harness  # pylint: disable=import-outside-toplevel
-  from benchmarks import sections as S  # pylint: disable=import-outside-toplevel
+  from benchmarks.iteration import REPO, train_metrics  # pylint: disable=import-outside-toplevel
 
   label = "TRL GRPOTrainer"
   if peer is not None:
@@ -262,12 +231,12 @@ def _section(report, spec, overrides, warmup, runs, workroot, peer, run_train):
   with open(path, "w", encoding="utf-8") as f:
     json.dump(prompts, f)
   kw = grpo_config(c, warmup + runs)
-  verify_py = str(S.REPO / "cooper_jax" / "rewards" / "verify.py")
+  verify_py = str(REPO / "cooper_jax" / "rewards" / "verify.py")
   theirs = peer.call(
     "iteration", hf_dir=hf_dir, prompts=path, config=kw, eos_ids=list(eos_ids), verify_py=verify_py
   )
   peer.close()  # its models and optimizer state are not needed while ours runs
-  rows = (run_train or S.train_metrics)(spec, "rule", warmup + runs, workroot / "ours", overrides)
+  rows = (run_train or train_metrics)(spec, "rule", warmup + runs, workroot / "ours", overrides)
   pairs = pair_steps(rows, theirs["steps"], warmup)
   table = []
   for p in pairs:
@@ -307,6 +276,7 @@ def _prepare(spec, overrides, steps, workroot, peer):
   """Loads the policy as our loop does, exports it with its tokenizer for the worker, draws the
   loop's prompts, and runs the gate on the first two GSM8K test questions."""
   from benchmarks import sections as S  # pylint: disable=import-outside-toplevel
+  from benchmarks.iteration import iteration_prompts, run_config  # pylint: disable=import-outside-toplevel
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   from cooper_jax.weights import load_from_config, save_hf_dir  # pylint: disable=import-outside-toplevel
 

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
   sys.path.insert(0, str(ROOT))
 
-from benchmarks import gpu_mode, harness, run, sections  # noqa: E402
+from benchmarks import gpu_mode, harness, iteration, run, sections  # noqa: E402
 
 
 def fake_clock(*steps):
@@ -166,7 +166,7 @@ def test_iteration_section_pairs_steady_steps(tmp_path):
     return rows
 
   rep = harness.Report("t", {})
-  sections.iteration_section(rep, "experiments/tiny.py", 2, tmp_path, run_train=fake_train)
+  iteration.iteration_section(rep, "experiments/tiny.py", 2, tmp_path, run_train=fake_train)
   (fig,) = rep.figures
   assert fig.ratios == [pytest.approx(1.2), pytest.approx(15 / 11)]  # step 1 (compile) unused
   assert fig.worst_ratio == pytest.approx(15 / 11) and fig.meets_target is False
@@ -185,7 +185,7 @@ def test_iteration_section_warmup_and_rm_update_count(tmp_path):
     ]
 
   rep = harness.Report("t", {})
-  sections.iteration_section(
+  iteration.iteration_section(
     rep, "s", 2, tmp_path, ("data.train=x.jsonl",), run_train=fake_train, warmup=2
   )
   (fig,) = rep.figures
@@ -201,7 +201,7 @@ def test_easy_arithmetic_rows_load_and_verify(tmp_path):
   from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.verify import verify_one  # pylint: disable=import-outside-toplevel
 
-  rows, report = load_qa(str(sections.easy_arithmetic(tmp_path / "e.jsonl", n=5)))
+  rows, report = load_qa(str(iteration.easy_arithmetic(tmp_path / "e.jsonl", n=5)))
   assert report.rows == 5 and report.skipped == 0
   for row in rows:
     a, b = (int(x) for x in row["question"].removeprefix("What is ").rstrip("?").split(" + "))
@@ -358,7 +358,7 @@ def test_f32_gguf_holds_the_dequantised_values_and_the_metadata(tmp_path):
 def test_trl_config_follows_our_run_config():
   from benchmarks import trl_side  # pylint: disable=import-outside-toplevel
 
-  c = trl_side.run_config("experiments/smollm2.py:cpu_smoke")
+  c = iteration.run_config("experiments/smollm2.py:cpu_smoke")
   kw = trl_side.grpo_config(c, 4)
   assert kw["per_device_train_batch_size"] == 8 and kw["num_generations"] == 4
   assert kw["gradient_accumulation_steps"] == 1 and kw["num_iterations"] == 1
@@ -427,7 +427,7 @@ def test_trl_section_pairs_the_steps(tmp_path, monkeypatch):
     def close(self):
       pass
 
-  c = trl_side.run_config("experiments/smollm2.py:cpu_smoke")
+  c = iteration.run_config("experiments/smollm2.py:cpu_smoke")
   prompts = [{"prompt": "q", "answer": "1", "ids": [1]}]
   gate = {"max_abs_logit_diff": 1e-4, "max_abs_logit_diff_last_position": 5e-5}
   gate.update(positions_compared=152, greedy_equal=True, ok=True)
