@@ -48,27 +48,33 @@ VENV_HINT = (
 
 def f32_gguf(src: str, dst: str) -> str:
   """`src` with every tensor dequantised to F32 and `general.file_type` set to ALL_F32, all
-  other metadata copied; written to `dst` (a temporary name, renamed when complete)."""
+  other metadata copied; written to `dst` under a temporary name, renamed when complete (removed
+  if the write fails: nothing half-written is left)."""
   import gguf  # pylint: disable=import-outside-toplevel
 
   reader = gguf.GGUFReader(src)
   tmp = dst + ".partial"
-  writer = gguf.GGUFWriter(tmp, reader.fields["general.architecture"].contents())
-  for name, field in reader.fields.items():
-    if name.startswith("GGUF.") or name == "general.architecture":
-      continue  # the header's own fields, and the one the writer was given
-    value = field.contents()
-    if name == "general.file_type":
-      value = int(gguf.LlamaFileType.ALL_F32)
-    array = field.types[0] == gguf.GGUFValueType.ARRAY
-    writer.add_key_value(name, value, field.types[0], field.types[1] if array else None)
-  for t in reader.tensors:
-    a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-    writer.add_tensor(t.name, a.reshape([int(d) for d in reversed(t.shape)]))
-  writer.write_header_to_file()
-  writer.write_kv_data_to_file()
-  writer.write_tensors_to_file()
-  writer.close()
+  try:
+    writer = gguf.GGUFWriter(tmp, reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+      if name.startswith("GGUF.") or name == "general.architecture":
+        continue  # the header's own fields, and the one the writer was given
+      value = field.contents()
+      if name == "general.file_type":
+        value = int(gguf.LlamaFileType.ALL_F32)
+      array = field.types[0] == gguf.GGUFValueType.ARRAY
+      writer.add_key_value(name, value, field.types[0], field.types[1] if array else None)
+    for t in reader.tensors:
+      a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+      writer.add_tensor(t.name, a.reshape([int(d) for d in reversed(t.shape)]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)  # nothing half-written left behind
+    raise
   os.replace(tmp, dst)
   return dst
 

@@ -314,6 +314,32 @@ def test_llamacpp_section_without_its_venv_records_no_ratio(tmp_path):
   assert a.only == ["llamacpp_sampler"] and a.llamacpp_python == "/x/python"
 
 
+def test_f32_gguf_leaves_nothing_when_the_write_fails(tmp_path, monkeypatch):
+  """A write that fails midway (the header is on disk, the tensors fail) leaves neither the F32
+  file nor its temporary next to the source."""
+  gguf = pytest.importorskip("gguf")
+  from benchmarks import llamacpp_side  # pylint: disable=import-outside-toplevel
+
+  src = tmp_path / "src.gguf"
+  w = gguf.GGUFWriter(str(src), "llama")
+  w.add_tensor("a.weight", np.ones((2, 32), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  seen = []
+
+  def failing(self, *a, **k):
+    seen.extend(p.name for p in tmp_path.iterdir())
+    raise OSError("disk full")
+
+  monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", failing)
+  with pytest.raises(OSError, match="disk full"):
+    llamacpp_side.f32_gguf(str(src), str(tmp_path / "f32.gguf"))
+  assert "f32.gguf.partial" in seen  # the failure came after the file was begun
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["src.gguf"]
+
+
 def test_f32_gguf_holds_the_dequantised_values_and_the_metadata(tmp_path):
   """The peer's F32 file: every tensor F32 and equal to gguf's dequantisation of the source
   (a Q8_0 and an F32 tensor here), every metadata field copied but the file type, which says
