@@ -240,6 +240,26 @@ class Report:
       f.notes.append(f"{why}: no ratio")
     self.save_partial()
 
+  def gate(self, section: str, figs, peer: str, ok: bool, res: dict, extra: str) -> bool:
+    """Records and prints a peer's correctness gate (`gate_figures`' res; `extra` names one
+    more of its logit figures, "first_position" or "last_position", or a key of res), and
+    refuses the section's figures when it failed. True when timing may go on."""
+    self.extras.setdefault(section, {})["gate"] = res
+    key = extra if extra in res else f"max_abs_logit_diff_{extra}"
+    rows = res["greedy_ours"]
+    print(
+      f"{peer} gate: max |logit diff| {res['max_abs_logit_diff']:.2e} over "
+      f"{res['positions_compared']} positions ({key}: {res[key]:.2e}); "
+      f"{len(rows[0]) if rows else 0} greedy tokens x {len(rows)} prompts "
+      f"{'equal' if res['greedy_equal'] else 'DIFFER'}",
+      flush=True,
+    )
+    if not ok:
+      self.refuse(
+        section, figs, "correctness gate failed (logits > 1e-3 apart or greedy tokens differ)"
+      )
+    return ok
+
   def figure(self, **kw) -> Figure:
     fig = Figure(**kw)
     self.figures.append(fig)

@@ -142,20 +142,8 @@ def llamacpp_sampler_section(
     files = {"f32": f32_gguf(src, os.path.join(workdir, "smollm2_f32.gguf")), "q4_1": src}
     tokens, mask, _ = prompts(2)
     ok, res = gate(cfg, params, tokens, mask, peer, files["f32"])
-    extras["gate"] = res
-    print(
-      f"llama.cpp gate: max |logit diff| {res['max_abs_logit_diff']:.2e} over "
-      f"{res['positions_compared']} positions (first position "
-      f"{res['max_abs_logit_diff_first_position']:.2e}); 16 greedy tokens x 2 prompts "
-      f"{'equal' if res['greedy_equal'] else 'DIFFER'}",
-      flush=True,
-    )
-    if not ok:
-      return report.refuse(
-        "llamacpp_sampler",
-        figs.values(),
-        "correctness gate failed (logits > 1e-3 apart or greedy tokens differ)",
-      )
+    if not report.gate("llamacpp_sampler", figs.values(), "llama.cpp", ok, res, "first_position"):
+      return None
     for b in batches:
       tokens, mask, pad_id = prompts(b)
       npz = peer.save_arrays(tokens=tokens, mask=mask)

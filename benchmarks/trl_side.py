@@ -211,20 +211,8 @@ def _section(report, spec, overrides, warmup, runs, workroot, peer, run_train):
   if peer is None:
     return report.refuse("trl_iteration", figs.values(), "peer not run (no TRL venv)")
   c, hf_dir, eos_ids, prompts, res = _prepare(spec, overrides, warmup + runs, workroot, peer)
-  extras["gate"] = res
-  print(
-    f"TRL gate: max |logit diff| {res['max_abs_logit_diff']:.2e} over "
-    f"{res['positions_compared']} positions (last position "
-    f"{res['max_abs_logit_diff_last_position']:.2e}); 16 greedy tokens x 2 prompts "
-    f"{'equal' if res['greedy_equal'] else 'DIFFER'}",
-    flush=True,
-  )
-  if not res["ok"]:
-    return report.refuse(
-      "trl_iteration",
-      figs.values(),
-      "correctness gate failed (logits > 1e-3 apart or greedy tokens differ)",
-    )
+  if not report.gate("trl_iteration", figs.values(), "TRL", res["ok"], res, "last_position"):
+    return None
 
   load = harness.load1()
   path = os.path.join(peer.tmp.name, "prompts.json")

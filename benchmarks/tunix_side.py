@@ -142,20 +142,8 @@ def _section(report, cfg, params, prompts, batches, new_tokens, peer, hf_dir, ru
     return report.refuse("tunix_sampler", figs.values(), "peer not run (no tunix venv)")
   tokens, mask, _ = prompts(2)
   ok, res = gate(cfg, params, tokens, mask, peer, hf_dir)
-  extras["gate"] = res
-  print(
-    f"tunix gate: max |logit diff| {res['max_abs_logit_diff']:.2e} over "
-    f"{res['positions_compared']} positions (without the rope fix "
-    f"{res['max_abs_logit_diff_without_rope_fix']:.2e}); 16 greedy tokens x 2 prompts "
-    f"{'equal' if res['greedy_equal'] else 'DIFFER'}",
-    flush=True,
-  )
-  if not ok:
-    return report.refuse(
-      "tunix_sampler",
-      figs.values(),
-      "correctness gate failed (logits > 1e-3 apart or greedy tokens differ)",
-    )
+  if not report.gate("tunix_sampler", figs.values(), "tunix", ok, res, "without_rope_fix"):
+    return None
   for b in batches:
     fig = figs[b]
     tokens, mask, pad_id = prompts(b)

@@ -275,6 +275,28 @@ def test_gate_figures_count_real_positions_only():
   assert not ok and res["max_abs_logit_diff"] == pytest.approx(1.5e-3)
 
 
+def test_report_gate_records_prints_and_refuses_only_a_failed_gate(capsys, tmp_path):
+  rep = harness.Report("t", {})
+  rep.partial_path = str(tmp_path / "partial.json")
+  fig = rep.figure(key="k", label="l", unit="tok/s", ours_label="o", peer_label="p")
+  res = {
+    "max_abs_logit_diff": 2e-4,
+    "max_abs_logit_diff_first_position": 1e-4,
+    "positions_compared": 9,
+    "greedy_equal": True,
+    "greedy_ours": [[1, 2, 3], [4, 5, 6]],
+  }
+  assert rep.gate("sec", [fig], "peer", True, res, "first_position")
+  out = capsys.readouterr().out
+  assert "over 9 positions (max_abs_logit_diff_first_position: 1.00e-04)" in out
+  assert "3 greedy tokens x 2 prompts equal" in out
+  assert rep.extras["sec"]["gate"] is res and fig.notes == []
+  res = dict(res, greedy_equal=False)
+  assert not rep.gate("sec", [fig], "peer", False, res, "first_position")
+  assert "prompts DIFFER" in capsys.readouterr().out
+  assert len(fig.notes) == 1 and "correctness gate failed" in fig.notes[0]
+
+
 def test_paired_peer_runs_time_the_peer_then_ours_and_check_its_tokens():
   rep, calls = harness.Report("t", {}), []
 
@@ -456,7 +478,7 @@ def test_trl_section_pairs_the_steps(tmp_path, monkeypatch):
   c = iteration.run_config("experiments/smollm2.py:cpu_smoke")
   prompts = [{"prompt": "q", "answer": "1", "ids": [1]}]
   gate = {"max_abs_logit_diff": 1e-4, "max_abs_logit_diff_last_position": 5e-5}
-  gate.update(positions_compared=152, greedy_equal=True, ok=True)
+  gate.update(positions_compared=152, greedy_equal=True, greedy_ours=[[1] * 16] * 2, ok=True)
   monkeypatch.setattr(trl_side, "TrlPeer", FakePeer)
   monkeypatch.setattr(trl_side, "_prepare", lambda *a: (c, "hf", (2, 0), prompts, gate))
 
