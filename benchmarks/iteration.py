@@ -154,3 +154,151 @@ def _fmt(v) -> str:
   if v is None:
     return "-"
   return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+# ------------------------------------------------------------- GRPO iterations against a peer
+PEER_PARTS = (("step", ""), ("generate", ", generation"), ("update", ", all but it"))
+
+
+def peer_iteration_figures(report: harness.Report, key: str, spec: str, peer_label: str) -> dict:
+  """The three figures of a peer's GRPO iteration (whole step, generation, all but it), seconds
+  ours / theirs, keyed "step", "generate", "update"."""
+  return {
+    part: report.figure(
+      key=key + ("" if part == "step" else f"_{part}"),
+      label=f"one rule-only GRPO iteration ({spec}){what}: cooper_jax s / {peer_label.split()[0]} s",
+      unit="s",
+      ours_label="cooper_jax train (rule)",
+      peer_label=peer_label,
+      higher_is_better=False,
+    )
+    for part, what in PEER_PARTS
+  }
+
+
+def prepare_peer_run(spec: str, overrides, steps: int, workroot: Path, gate: Callable):
+  """Loads the policy as our loop does, exports it with its tokenizer for a peer, draws the
+  loop's prompts for `steps` steps, and runs `gate(cfg, params, tokens, mask, pad_id, hf_dir)`
+  on the first two GSM8K test questions. Returns (config, hf_dir, eos ids, prompts, gate
+  figures with "ok")."""
+  from benchmarks import sections as S  # pylint: disable=import-outside-toplevel
+  from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
+  from cooper_jax.weights import load_from_config, save_hf_dir  # pylint: disable=import-outside-toplevel
+
+  c = run_config(spec, overrides)
+  cfg, params, tok_src = load_from_config(c.policy, "lm", c.seed)
+  tok = load_tokenizer(tok_src)
+  hf_dir = str(save_hf_dir(cfg, params, workroot / "hf", tokenizer=tok))
+  tokens, mask, pad_id = S.gsm8k_prompts(2, tok)
+  ok, res = gate(cfg, params, tokens, mask, pad_id, hf_dir)
+  res["ok"] = ok
+  return c, hf_dir, tok.eos_ids, iteration_prompts(c, tok, steps), res
+
+
+def pair_steps(ours: list[dict], theirs: list[dict], warmup: int) -> list[dict]:
+  """Our train loop's metrics rows and a peer's steps (same prompts at the same step; each with
+  step_s, generate_s, generate_calls and a mean response length "len") -> one dict per step
+  after `warmup`: per side ("ours", "peer"), seconds of generation, of the rest ("update") and
+  of the step, and the mean response length."""
+  if len(ours) != len(theirs) or len(ours) <= warmup:
+    raise ValueError(f"{len(ours)} of our steps, {len(theirs)} of the peer's, warm-up {warmup}")
+  for t in theirs:
+    if t["generate_calls"] != 1:
+      raise RuntimeError(f"peer step {t['step']}: {t['generate_calls']} generate calls, not 1")
+  side = lambda gen, step, n: {"generate": gen, "update": step - gen, "step": step, "len": n}
+  return [
+    {
+      "step": i + 1,
+      "ours": side(o["time/sample_s"], o["time/step_s"], o.get("response/len_mean")),
+      "peer": side(t["generate_s"], t["step_s"], t.get("len")),
+    }
+    for i, (o, t) in enumerate(zip(ours, theirs))
+    if i >= warmup
+  ]
+
+
+def record_pairs(report, figs: dict, pairs: list[dict], load: float, peer: str, title: str):
+  """Adds each paired step as a run of the three figures and a table of both sides' split;
+  returns the best step seconds of (ours, the peer's)."""
+  table = []
+  for p in pairs:
+    o, t = p["ours"], p["peer"]
+    for part, fig in figs.items():
+      fig.add_run(o[part], t[part], load, step=p["step"], ours_len=o["len"], peer_len=t["len"])
+    for name, s in (("cooper_jax", o), (peer, t)):
+      n = "-" if s["len"] is None else f"{s['len']:.1f}"
+      table.append(
+        [p["step"], name] + [f"{s[k]:.2f}" for k in ("generate", "update", "step")] + [n]
+      )
+  report.add_table(title, ["step", "side", "generate", "update", "step", "response length"], table)
+  return tuple(min(p[s]["step"] for p in pairs) for s in ("ours", "peer"))
+
+
+def run_peer_iteration(
+  report,
+  key: str,
+  name: str,
+  figs: dict,
+  spec: str,
+  overrides,
+  warmup: int,
+  runs: int,
+  workroot: Path,
+  peer,
+  *,
+  gate: Callable,
+  make_config: Callable,
+  run_train: Callable | None = None,
+):
+  """What both GRPO-iteration peers do once their figures exist and the worker runs: the gate
+  (`gate` as prepare_peer_run takes it; no timing unless it passes), then `warmup` + `runs`
+  iterations in the worker (`peer.call("iteration", ...)` with `make_config(c, steps)`; its
+  steps as pair_steps takes them), the worker closed, then as many rule-only iterations of our
+  loop (`run_train`, default train_metrics) on the same config, prompts and weights, paired
+  step by step into the figures. Returns (config, worker config, the worker's answer, our
+  metrics rows, best step seconds (ours, theirs)), or None when the gate failed."""
+  import os  # pylint: disable=import-outside-toplevel
+
+  c, hf_dir, eos_ids, prompts, res = prepare_peer_run(
+    spec, overrides, warmup + runs, workroot, gate
+  )
+  if not report.gate(key, figs.values(), name, res["ok"], res, "last_position"):
+    return None
+  kw = make_config(c, warmup + runs)
+  load = harness.load1()
+  path = os.path.join(peer.tmp.name, "prompts.json")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(prompts, f)
+  theirs = peer.call(
+    "iteration",
+    hf_dir=hf_dir,
+    prompts=path,
+    config=kw,
+    eos_ids=list(eos_ids),
+    verify_py=str(REPO / "cooper_jax" / "rewards" / "verify.py"),  # the worker's rule reward
+  )
+  peer.close()  # its models and optimizer state are not needed while ours runs
+  rows = (run_train or train_metrics)(spec, "rule", warmup + runs, workroot / "ours", overrides)
+  label = figs["step"].peer_label.split(" (")[0]
+  best = record_pairs(
+    report,
+    figs,
+    pair_steps(rows, theirs["steps"], warmup),
+    load,
+    name,
+    f"{label} vs cooper_jax, one iteration (seconds; response length: mean tokens)",
+  )
+  return c, kw, theirs, rows, best
+
+
+def peer_notes(name: str, runs: int, best: tuple, first: str, not_matched) -> list[str]:
+  """The notes every GRPO-iteration peer figure carries: best steps, order of the runs, what
+  "update" holds, what is not matched."""
+  return [
+    f"best of the {runs} timed steps: ours {best[0]:.2f} s, {name} {best[1]:.2f} s (ratio "
+    f"{best[0] / best[1]:.2f})",
+    f"{name}'s steps all run first ({first}), then ours (one train loop); load: the 1-minute "
+    f"load before {name}'s run; update = step - generation (reward, reference log-probs, loss, "
+    "backward, clip, AdamW)",
+    "not matched: " + "; ".join(not_matched),
+  ]

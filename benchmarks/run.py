@@ -43,6 +43,10 @@ CPU sections (`--only` picks some):
                generation / the rest; after a correctness gate as tunix_sampler's; 2 warm-up
                steps; 2 threads a side (benchmarks/trl_side.py, venv --trl-python, default
                /tmp/trl).
+  tunix_iteration  the same rule-only GRPO iterations against tunix's own GRPOLearner (RLCluster,
+               vanilla rollout, one CPU device, fp32), same config mapping, prompts, weights,
+               rule reward (our verify_one) and gate as trl_iteration
+               (benchmarks/tunix_grpo_side.py, venv --tunix-python).
 
 The torch side runs in a throwaway venv (--torch-python, default /tmp/ref/bin/python) as one
 long-lived subprocess (benchmarks/torch_side.py), so each run times the peer right before ours.
@@ -77,6 +81,7 @@ from benchmarks import (  # noqa: E402
   iteration,
   llamacpp_side,
   trl_side,
+  tunix_grpo_side,
   tunix_side,
 )
 from benchmarks.torch_side import DEFAULT_TORCH_PYTHON  # noqa: E402
@@ -91,8 +96,10 @@ SECTIONS = (
   "checkpoint",
   "iteration",
   "trl_iteration",
+  "tunix_iteration",
 )
-PEER_SECTIONS = ("tunix_sampler", "llamacpp_sampler", "trl_iteration")  # each in its own venv
+# each in its own venv
+PEER_SECTIONS = ("tunix_sampler", "llamacpp_sampler", "trl_iteration", "tunix_iteration")
 
 
 def parse_args(argv=None):
@@ -165,6 +172,7 @@ def sizes(args) -> dict:
       if q
       else ("experiments/smollm2.py:cpu_smoke", (), 2),
     )
+    s["tunix_iteration"] = s["trl_iteration"]  # the same iterations, against tunix
   if args.batches:
     s["batches"] = [int(b) for b in args.batches.split(",")]
   if args.new_tokens:
@@ -386,6 +394,13 @@ def cpu_mode(args, report) -> None:
         report, spec, overrides, warmup, args.runs, root / "trl", args.trl_python
       )
       print("trl_iteration done", flush=True)
+
+    if "tunix_iteration" in args.only:
+      spec, overrides, warmup = sz["tunix_iteration"]
+      tunix_grpo_side.tunix_iteration_section(
+        report, spec, overrides, warmup, args.runs, root / "tunix", args.tunix_python
+      )
+      print("tunix_iteration done", flush=True)
   finally:
     if peer is not None:
       peer.close()

@@ -207,6 +207,33 @@ class _Worker:
     return {"seconds": seconds, "tokens": int(tokens.numel()), "losses": losses}
 
 
+def rule_reward_fn(verify_py: str):
+  """(reward, status) for a peer worker: `reward(prompts, completions, answer, **_)` scores each
+  completion against its reference answer with our own rule verdict (`verify_one` of
+  cooper_jax/rewards/verify.py, loaded by path: stdlib + math-verify, no package, no jax) as
+  1.0 / 0.0; an exception scores 0 and is counted in `status` with the verdicts."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+
+  spec = importlib.util.spec_from_file_location("_cooper_rule_verify", verify_py)
+  verify = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = verify  # its dataclasses look their module up there
+  spec.loader.exec_module(verify)
+  status: dict[str, int] = {}
+
+  def rule_reward(prompts, completions, answer, **_):
+    out = []
+    for text, ref in zip(completions, answer):
+      try:
+        st, ok, _ = verify.verify_one(str(text), str(ref))
+      except Exception:  # noqa: BLE001 - counted and reported, as our verifier does
+        st, ok = "error", False
+      status[st] = status.get(st, 0) + 1
+      out.append(float(ok))
+    return out
+
+  return rule_reward, status
+
+
 def serve(make_worker=None) -> None:
   """The worker loop of a peer (WorkerClient's other end): `make_worker()` (default this file's
   torch worker) answers each request line's op with its method of that name."""

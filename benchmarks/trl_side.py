@@ -45,9 +45,9 @@ import time
 import numpy as np
 
 if __package__:  # imported by the project side
-  from benchmarks.torch_side import WorkerClient, serve
+  from benchmarks.torch_side import WorkerClient, rule_reward_fn, serve
 else:  # this file as the TRL venv's worker script: its sibling (stdlib and numpy only)
-  from torch_side import WorkerClient, serve  # type: ignore[no-redef]
+  from torch_side import WorkerClient, rule_reward_fn, serve  # type: ignore[no-redef]
 
 DEFAULT_TRL_PYTHON = "/tmp/trl/bin/python"
 CPUS = 2  # CPUs (and torch threads) of the worker; run.py pins our side to as many
@@ -117,27 +117,6 @@ def grpo_config(c, steps: int) -> dict:
   )
 
 
-def pair_steps(ours: list[dict], theirs: list[dict], warmup: int) -> list[dict]:
-  """Our train loop's metrics rows and the worker's steps (same prompts at the same step) -> one
-  dict per step after `warmup`: per side, seconds of generation, of the rest ("update") and of
-  the step, and the mean response length."""
-  if len(ours) != len(theirs) or len(ours) <= warmup:
-    raise ValueError(f"{len(ours)} of our steps, {len(theirs)} of TRL's, warm-up {warmup}")
-  for t in theirs:
-    if t["generate_calls"] != 1:
-      raise RuntimeError(f"TRL step {t['step']}: {t['generate_calls']} generate calls, not 1")
-  side = lambda gen, step, n: {"generate": gen, "update": step - gen, "step": step, "len": n}
-  return [
-    {
-      "step": i + 1,
-      "ours": side(o["time/sample_s"], o["time/step_s"], o.get("response/len_mean")),
-      "trl": side(t["generate_s"], t["step_s"], t.get("completions/mean_length")),
-    }
-    for i, (o, t) in enumerate(zip(ours, theirs))
-    if i >= warmup
-  ]
-
-
 # ------------------------------------------------------------------------ project side (client)
 class TrlPeer(WorkerClient):
   """The TRL worker (this file under the TRL venv's python)."""
@@ -188,55 +167,37 @@ def trl_iteration_section(
 
 
 def _section(report, spec, overrides, warmup, runs, workroot, peer, run_train):
-  from benchmarks import harness  # pylint: disable=import-outside-toplevel
-  from benchmarks.iteration import REPO, train_metrics  # pylint: disable=import-outside-toplevel
+  from benchmarks import iteration as I  # pylint: disable=import-outside-toplevel
 
   label = "TRL GRPOTrainer"
   if peer is not None:
     report.meta["trl"] = peer.info
     label += f" (trl {peer.info['trl']}, torch {peer.info['torch']})"
-  figs = {
-    part: report.figure(
-      key="trl_iteration" + ("" if part == "step" else f"_{part}"),
-      label=f"one rule-only GRPO iteration ({spec}){what}: cooper_jax s / TRL s",
-      unit="s",
-      ours_label="cooper_jax train (rule)",
-      peer_label=label,
-      higher_is_better=False,
-    )
-    for part, what in (("step", ""), ("generate", ", generation"), ("update", ", all but it"))
-  }
+  figs = I.peer_iteration_figures(report, "trl_iteration", spec, label)
   extras = report.extras.setdefault("trl_iteration", {"spec": spec, "overrides": list(overrides)})
 
   if peer is None:
     return report.refuse("trl_iteration", figs.values(), "peer not run (no TRL venv)")
-  c, hf_dir, eos_ids, prompts, res = _prepare(spec, overrides, warmup + runs, workroot, peer)
-  if not report.gate("trl_iteration", figs.values(), "TRL", res["ok"], res, "last_position"):
-    return None
-
-  load = harness.load1()
-  path = os.path.join(peer.tmp.name, "prompts.json")
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(prompts, f)
-  kw = grpo_config(c, warmup + runs)
-  verify_py = str(REPO / "cooper_jax" / "rewards" / "verify.py")
-  theirs = peer.call(
-    "iteration", hf_dir=hf_dir, prompts=path, config=kw, eos_ids=list(eos_ids), verify_py=verify_py
+  out = I.run_peer_iteration(
+    report,
+    "trl_iteration",
+    "TRL",
+    figs,
+    spec,
+    overrides,
+    warmup,
+    runs,
+    workroot,
+    peer,
+    gate=lambda cfg, params, tokens, mask, pad_id, hf: gate(
+      cfg, params, tokens, mask, pad_id, peer, hf
+    ),
+    make_config=grpo_config,
+    run_train=run_train,
   )
-  peer.close()  # its models and optimizer state are not needed while ours runs
-  rows = (run_train or train_metrics)(spec, "rule", warmup + runs, workroot / "ours", overrides)
-  pairs = pair_steps(rows, theirs["steps"], warmup)
-  table = []
-  for p in pairs:
-    o, t = p["ours"], p["trl"]
-    for part, fig in figs.items():
-      fig.add_run(o[part], t[part], load, step=p["step"], ours_len=o["len"], peer_len=t["len"])
-    for side, s in (("cooper_jax", o), ("TRL", t)):
-      n = "-" if s["len"] is None else f"{s['len']:.1f}"
-      table.append(
-        [p["step"], side] + [f"{s[k]:.2f}" for k in ("generate", "update", "step")] + [n]
-      )
-  best_o, best_t = (min(p[s]["step"] for p in pairs) for s in ("ours", "trl"))
+  if out is None:
+    return None
+  c, kw, theirs, rows, best = out
   r = c.rollout
   skipped = "" if not warmup else "; step 1" if warmup == 1 else f"; steps 1-{warmup}"
   skipped += " (warm-up: our compilation) not used" if warmup else ""
@@ -244,38 +205,10 @@ def _section(report, spec, overrides, warmup, runs, workroot, peer, run_train):
     f"{r.prompts_per_step} prompts x G={r.group_size}, up to {r.max_new_tokens} new tokens, "
     f"temperature {r.temperature}, fp32; TRL on {peer.info['threads']} torch threads (CPUs "
     f"{peer.info['cpus']}); the same prompts at each step on both sides{skipped}",
-    f"best of the {runs} timed steps: ours {best_o:.2f} s, TRL {best_t:.2f} s (ratio "
-    f"{best_o / best_t:.2f})",
-    "TRL's steps all run first (one trainer.train), then ours (one train loop); load: the "
-    "1-minute load before TRL's run; update = step - generation (reward, reference log-probs, "
-    "loss, backward, clip, AdamW)",
-    "not matched: " + "; ".join(NOT_MATCHED),
+    *I.peer_notes("TRL", runs, best, "one trainer.train", NOT_MATCHED),
   ]
-  report.add_table(
-    "TRL GRPOTrainer vs cooper_jax, one iteration (seconds; response length: mean tokens)",
-    ["step", "side", "generate", "update", "step", "response length"],
-    table,
-  )
   extras.update(trl_config=kw, trl=theirs, our_metrics=rows)
   report.save_partial()
-
-
-def _prepare(spec, overrides, steps, workroot, peer):
-  """Loads the policy as our loop does, exports it with its tokenizer for the worker, draws the
-  loop's prompts, and runs the gate on the first two GSM8K test questions."""
-  from benchmarks import sections as S  # pylint: disable=import-outside-toplevel
-  from benchmarks.iteration import iteration_prompts, run_config  # pylint: disable=import-outside-toplevel
-  from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
-  from cooper_jax.weights import load_from_config, save_hf_dir  # pylint: disable=import-outside-toplevel
-
-  c = run_config(spec, overrides)
-  cfg, params, tok_src = load_from_config(c.policy, "lm", c.seed)
-  tok = load_tokenizer(tok_src)
-  hf_dir = str(save_hf_dir(cfg, params, workroot / "hf", tokenizer=tok))
-  tokens, mask, pad_id = S.gsm8k_prompts(2, tok)
-  ok, res = gate(cfg, params, tokens, mask, pad_id, peer, hf_dir)
-  res["ok"] = ok
-  return c, hf_dir, tok.eos_ids, iteration_prompts(c, tok, steps), res
 
 
 # -------------------------------------------------------------------------- TRL venv (worker)
@@ -331,8 +264,6 @@ class _Worker:
     """config["max_steps"] iterations of GRPOTrainer on `prompts` (in order, P per step); per
     step: seconds from on_step_begin to on_step_end, seconds inside `generate`, and the metrics
     the trainer logs."""
-    import importlib.util  # pylint: disable=import-outside-toplevel
-
     from datasets import Dataset  # pylint: disable=import-outside-toplevel
     from transformers import PreTrainedTokenizerFast  # pylint: disable=import-outside-toplevel
     from trl import GRPOConfig, GRPOTrainer  # pylint: disable=import-outside-toplevel
@@ -345,23 +276,7 @@ class _Worker:
     if bad:
       raise RuntimeError(f"TRL's tokenizer gives other ids than ours for prompts {bad[:5]}")
 
-    spec = importlib.util.spec_from_file_location("_cooper_rule_verify", verify_py)
-    verify = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = verify  # its dataclasses look their module up there
-    spec.loader.exec_module(verify)
-    status: dict[str, int] = {}
-
-    def rule_reward(prompts, completions, answer, **_):
-      """Our rule verdict (verify_one) as 1.0 / 0.0; an error scores 0 and is counted."""
-      out = []
-      for text, ref in zip(completions, answer):
-        try:
-          st, ok, _ = verify.verify_one(text, ref)
-        except Exception:  # noqa: BLE001 - counted and reported, as our verifier does
-          st, ok = "error", False
-        status[st] = status.get(st, 0) + 1
-        out.append(float(ok))
-      return out
+    rule_reward, status = rule_reward_fn(verify_py)
 
     model = self._model(hf_dir)
     model.generation_config.eos_token_id = list(eos_ids)  # TRL reads its stop ids from here
@@ -394,7 +309,7 @@ class _Worker:
         raise RuntimeError(f"TRL stops on {resolved['eos_token_ids']}, we on {eos_ids}")
       trainer.train()
     return {
-      "steps": timer.steps,
+      "steps": [dict(s, len=s.get("completions/mean_length")) for s in timer.steps],
       "resolved": json.loads(json.dumps(resolved, default=str)),
       "reward_status": status,
       "init_s": init_s,

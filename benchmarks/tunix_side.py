@@ -37,6 +37,11 @@ DEFAULT_TUNIX_PYTHON = "/tmp/tunix/bin/python"
 CPUS = 2
 PREFERRED_PAD = 16  # <empty_output> in SmolLM2's vocabulary: not in chat prompts
 DISABLED_EOS = -1  # no token id equals it, so no row ever stops
+VENV_HINT = (
+  "create it with `python3.11 -m venv /tmp/tunix && /tmp/tunix/bin/pip install "
+  "google-tunix==0.1.7 jax==0.10.2 flax==0.12.8 safetensors numpy math-verify==0.9.0` "
+  "(math-verify: the rule reward of the tunix_iteration section)"
+)
 
 
 def limit_cpus(n: int = CPUS) -> list[int]:
@@ -69,8 +74,7 @@ class TunixPeer(WorkerClient):
       python,
       __file__,
       dict(JAX_PLATFORMS="cpu", TQDM_DISABLE="1", TF_CPP_MIN_LOG_LEVEL="2"),
-      "create it with `python3.11 -m venv /tmp/tunix && /tmp/tunix/bin/pip install "
-      "google-tunix==0.1.7 jax==0.10.2 flax==0.12.8 safetensors numpy`",
+      VENV_HINT,
     )
 
 
@@ -256,29 +260,35 @@ class _Worker:
 
     self.model_lib.apply_rope = apply_rope
 
+  def config(self, hf_dir: str, sampling: bool = True):
+    """tunix's Llama3 ModelConfig from the config.json our side exported (sampling or training
+    sharding), with the rope fix in place for it."""
+    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
+      hf = json.load(f)
+    ml = self.model_lib
+    cfg = ml.ModelConfig(
+      num_layers=hf["num_hidden_layers"],
+      vocab_size=hf["vocab_size"],
+      embed_dim=hf["hidden_size"],
+      hidden_dim=hf["intermediate_size"],
+      num_heads=hf["num_attention_heads"],
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+      num_kv_heads=hf["num_key_value_heads"],
+      rope_theta=hf["rope_theta"],
+      norm_eps=hf["rms_norm_eps"],
+      shd_config=ml.ShardingConfig.get_default_sharding(is_sampling=sampling),
+      weight_tying=hf.get("tie_word_embeddings", False),
+    )
+    self._use_rope_theta(cfg.rope_theta)
+    return cfg
+
   def model(self, hf_dir: str):
-    """tunix's Llama3 from the safetensors our side exported, config from its config.json,
-    weights kept in float32, sampling sharding (no mesh: one CPU device)."""
+    """tunix's Llama3 from the safetensors our side exported, weights kept in float32,
+    sampling sharding (no mesh: one CPU device)."""
     if hf_dir not in self.models:
       from tunix.models.llama3 import params as params_lib  # pylint: disable=import-outside-toplevel
 
-      with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
-        hf = json.load(f)
-      ml = self.model_lib
-      cfg = ml.ModelConfig(
-        num_layers=hf["num_hidden_layers"],
-        vocab_size=hf["vocab_size"],
-        embed_dim=hf["hidden_size"],
-        hidden_dim=hf["intermediate_size"],
-        num_heads=hf["num_attention_heads"],
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-        num_kv_heads=hf["num_key_value_heads"],
-        rope_theta=hf["rope_theta"],
-        norm_eps=hf["rms_norm_eps"],
-        shd_config=ml.ShardingConfig.get_default_sharding(is_sampling=True),
-        weight_tying=hf.get("tie_word_embeddings", False),
-      )
-      self._use_rope_theta(cfg.rope_theta)
+      cfg = self.config(hf_dir)
       t0 = time.perf_counter()
       m = params_lib.create_model_from_safe_tensors(hf_dir, cfg, dtype=self.jnp.float32)
       self.models[hf_dir] = (m, time.perf_counter() - t0)
