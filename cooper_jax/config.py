@@ -78,6 +78,11 @@ def model_config(**extra) -> ml_collections.ConfigDict:
   )
 
 
+def logprob_micro_batch_size(c) -> int:
+  """Rows per micro-batch of the reference log-prob pass (0 = the whole batch)."""
+  return c.policy.get("logprob_micro_batch_size", 0) or c.policy.micro_batch_size
+
+
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -86,6 +91,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.policy = model_config()
   c.policy.optim = optim_config(1e-6)
   c.policy.micro_batch_size = 0  # rows per grad-accumulation micro-batch; 0 = whole batch
+  # Rows per micro-batch of the forward-only reference log-prob pass; 0 = micro_batch_size.
+  # It holds no gradients, so it can take larger micro-batches, and then rows that share a
+  # prompt share its forward (steps.micro_prompt_group).
+  c.policy.logprob_micro_batch_size = 0
   c.policy.logprob_chunk = 0  # response positions per log-prob chunk (no [b,n,v] logits); 0 = off
   # Each prompt's positions run once per group of G rollouts in the policy step and the
   # reference pass, not G times (logprobs.response_logprobs); the same log-probs up to float
@@ -328,6 +337,7 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError(f"config.policy.loss.kl_kind={c.policy.loss.kl_kind!r} unknown")
   for key in (
     "policy.micro_batch_size",
+    "policy.logprob_micro_batch_size",
     "policy.logprob_chunk",
     "rm.micro_batch_size",
     "rm.score_micro_batch_size",
@@ -385,6 +395,7 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     for key, size in (
       ("policy.ppo_mini_batch_size", c.policy.ppo_mini_batch_size),
       ("policy.micro_batch_size", c.policy.micro_batch_size),
+      ("policy.logprob_micro_batch_size", c.policy.logprob_micro_batch_size),
       ("rm.micro_batch_size", c.rm.micro_batch_size),
       ("rm.score_micro_batch_size", c.rm.score_micro_batch_size),
       ("rollout.sample_batch_size", c.rollout.sample_batch_size),

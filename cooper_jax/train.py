@@ -95,7 +95,7 @@ class Run:
       self.policy_cfg,
       self.mesh,
       policy_params,
-      micro_batch_size=c.policy.micro_batch_size,
+      micro_batch_size=config_lib.logprob_micro_batch_size(c),
       logprob_chunk=c.policy.logprob_chunk,
       temperature=c.rollout.temperature,
       prompt_group=self.prompt_group,

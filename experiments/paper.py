@@ -51,7 +51,12 @@ def get_config(arg: str = "qwen,cooper"):
   # state 2.16, bf16 assistant 1.77), so a function gets ~9 GiB. All sizes are global rows,
   # multiples of the 8 data x fsdp devices that divide the batch, so the next size up is 2x:
   # - policy.micro_batch_size 32 (4 rows per device): policy_step 13.4 GiB resident; 64 needs
-  #   16.6. Also the reference log-prob pass's micro-batch (1024/32 = 32 forward passes).
+  #   16.6.
+  # - policy.logprob_micro_batch_size 128 for the forward-only reference pass (12.5 GiB
+  #   resident; 256 needs 17.8): its 8 strided micro-batches hold 2 rows of each group of 16,
+  #   which share one prompt forward (policy.share_prompt), so the pass does ~3/4 of the
+  #   unshared FLOPs (v5e-8 roofline 1.54 s against 2.02 with the step's 32-row micro-batches,
+  #   where no row shares).
   # - policy.logprob_chunk 128 response positions: LM-head logits [rows, 128, vocab] f32 per
   #   chunk instead of [rows, 512, vocab] (151936 vocab: 0.6 GiB instead of 2.3 per 8 rows).
   # - rm.micro_batch_size 16 pairs in rm_step (16 pairs = 32 rows: 13.1 GiB resident; 32 pairs
@@ -67,6 +72,7 @@ def get_config(arg: str = "qwen,cooper"):
   # extra sampler call would re-read them at each of its 512 decode steps (4 calls of 256
   # rows: 18.6 s roofline on v5e-8 against 7.0 s for one call).
   c.policy.micro_batch_size = 32
+  c.policy.logprob_micro_batch_size = 128
   c.policy.logprob_chunk = 128
   c.rm.micro_batch_size = 16
   c.rm.score_micro_batch_size = 128

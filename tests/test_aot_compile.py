@@ -117,6 +117,53 @@ def test_analytic_flops_match_xla_loop_body():
   assert aot.forward_flops(body_once, rows, p + n, p + n, n) / 8 == pytest.approx(xla, rel=0.05)
 
 
+def test_shared_prompt_flops_match_xla():
+  """Rows sharing their prompt (groups of 4, policy.share_prompt) run its positions once per
+  group; the analytic count must follow (~0.7x the unshared forward here). XLA's own count on
+  one CPU device (the TPU compiler's pads head_dim 64 to its 128 lanes in the response pass's
+  cache-style attention, so it counts more than the matmuls do); a 2-layer scan counts its
+  body once, so against the analytic count of one layer, within the 5% of elementwise ops."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  cfg = ModelConfig(
+    vocab_size=2048,
+    d_model=256,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=64,
+    d_ff=1024,
+    family="qwen2",
+    qkv_bias=True,
+    dtype="bfloat16",
+    remat="full",
+  )
+  body_once = cfg.replace(n_layers=1)
+  mesh = sharding.make_mesh(data=1, devices=jax.devices("cpu")[:1])
+  rows, p, n = 16, 64, 64
+  params = aot.abstract_params(cfg, mesh)
+  opt = optim.make_optimizer(paper_config("qwen,rule").policy.optim)
+  state = aot.abstract_state(params, opt, mesh)
+  shapes = {
+    "prompt_tokens": ((rows, p), jnp.int32),
+    "prompt_mask": ((rows, p), bool),
+    "response_tokens": ((rows, n), jnp.int32),
+    "response_mask": ((rows, n), bool),
+  }
+  lp_batch = aot.abstract_batch(mesh, shapes)
+  batch = aot.abstract_batch(mesh, dict(shapes, advantages=((rows,), jnp.float32)))
+  loss = paper_config("qwen,rule").policy.loss
+  loss.kl_coef = 0.0
+  lp = steps.make_logprob_fn(cfg, mesh, params, prompt_group=4)
+  xla = lp.lower(params, lp_batch).compile().cost_analysis()["flops"]
+  shared = aot.shared_forward_flops(body_once, rows, p, n, n, group=4)
+  assert shared == pytest.approx(xla, rel=0.05)
+  assert shared < 0.75 * aot.forward_flops(body_once, rows, p + n, p + n, n)
+  step = steps.make_policy_step(cfg, loss, opt, mesh, state, batch, prompt_group=4)
+  xla = step.lower(state, batch).compile().cost_analysis()["flops"]
+  assert aot.train_flops(body_once, rows, p + n, n, group=4) == pytest.approx(xla, rel=0.05)
+
+
 def test_resident_state_as_the_run_holds_it():
   """What stays on the chip, per device, for the paper's configs on v5e:2x4 (no compile): the
   assistant in pairs.assistant_dtype, the co-trained RM with AdamW moments (fp32 params + 2
@@ -148,6 +195,24 @@ def test_resident_state_as_the_run_holds_it():
   fns, _ = aot.build_functions(c, sharding.make_mesh(**c.mesh, devices=topo.devices))
   (sampler,) = [f for f in fns if f.name == "sampler"]
   assert sampler.calls == c.rollout.prompts_per_step * c.rollout.group_size // 256
+
+
+def test_reference_pass_shares_prompts_in_its_own_micro_batches():
+  """paper.py's reference pass runs micro-batches of policy.logprob_micro_batch_size rows
+  (no compile here): strided micro-batches of 128 of the 1024 rows hold 2 rows of each group
+  of 16, which share one prompt forward, so its FLOPs are those of 512 prompts + 1024
+  responses; with the policy step's 32-row micro-batches no row shares."""
+  topo = aot.get_topology(TOPOLOGY)
+  c = paper_config("qwen,cooper")
+  mesh = sharding.make_mesh(**c.mesh, devices=topo.devices)
+  cfg = aot.model_config(c.policy, "lm")
+  p, n, rows = c.rollout.max_prompt_len, c.rollout.max_new_tokens, 1024
+  flops = lambda cc: {f.name: f.cost.flops for f in aot.build_functions(cc, mesh)[0]}
+  assert c.policy.logprob_micro_batch_size == 128 and c.policy.micro_batch_size == 32
+  by_hand = aot.forward_flops(cfg, rows // 2, p, p, 0) + aot.forward_flops(cfg, rows, n, p + n, n)
+  assert flops(c)["ref_logprobs"] == by_hand
+  c.policy.logprob_micro_batch_size = 0  # the policy step's 32 rows: 32 micro-batches, no share
+  assert flops(c)["ref_logprobs"] == aot.forward_flops(cfg, rows, p + n, p + n, n)
 
 
 # Published total parameter counts (Hugging Face model cards / safetensors index).

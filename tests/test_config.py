@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("policy.remat", "True", "policy.remat"),
     ("rm.remat", "dots", "rm.remat"),
     ("rollout.decode_weights", "gathered", "rollout.decode_weights"),
+    ("policy.logprob_micro_batch_size", -8, "policy.logprob_micro_batch_size"),
   ],
 )
 def test_validate_names_the_key(key, value, needle):
@@ -37,6 +38,18 @@ def test_validate_names_the_key(key, value, needle):
     node = node[part]
   node[last] = value
   with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
+    config_lib.validate(c, n_devices=8)
+
+
+def test_logprob_micro_batch_size_falls_back_to_the_policy_step_one():
+  c = config_lib.base_config()
+  c.policy.micro_batch_size = 32
+  assert config_lib.logprob_micro_batch_size(c) == 32
+  c.policy.logprob_micro_batch_size = 128
+  assert config_lib.logprob_micro_batch_size(c) == 128
+  c.rollout.prompts_per_step, c.rollout.group_size = 8, 4
+  c.policy.logprob_micro_batch_size = 12  # splits the batch unevenly over 8 devices
+  with pytest.raises(ValueError, match=r"policy\.logprob_micro_batch_size=12"):
     config_lib.validate(c, n_devices=8)
 
 

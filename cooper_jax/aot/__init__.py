@@ -15,7 +15,14 @@ layer / one decode step; the raw XLA figures are kept as xla_flops, xla_bytes), 
 iteration's jitted functions as train.py builds them) and report (compile, measure, fits).
 """
 
-from cooper_jax.aot.cost import Cost, forward_bytes, forward_flops, sampler_flops, train_flops
+from cooper_jax.aot.cost import (
+  Cost,
+  forward_bytes,
+  forward_flops,
+  sampler_flops,
+  shared_forward_flops,
+  train_flops,
+)
 from cooper_jax.aot.functions import FUNCTIONS, FnSpec, build_functions
 from cooper_jax.aot.models import (
   KNOWN_HF_CONFIGS,
@@ -65,6 +72,7 @@ __all__ = [
   "model_config",
   "parse_oom",
   "sampler_flops",
+  "shared_forward_flops",
   "train_flops",
   "usable_hbm_bytes",
 ]

@@ -40,16 +40,51 @@ def forward_flops(cfg: ModelConfig, rows: int, q_len: int, kv_len: int, head_tok
   return layers + attn + head
 
 
+def shared_forward_flops(
+  cfg: ModelConfig, rows: int, prompt: int, new: int, head_tokens: int, group: int = 1
+) -> int:
+  """forward_flops of `rows` prompt + response sequences. group > 1: each group of `group`
+  rows runs its shared prompt once (logprobs.response_logprobs, `prompt_group`), so the prompt
+  positions count for rows / group rows attending to the prompt, and the response positions
+  for every row attending to prompt + response."""
+  if group <= 1:
+    return forward_flops(cfg, rows, prompt + new, prompt + new, head_tokens)
+  return forward_flops(cfg, rows // group, prompt, prompt, 0) + forward_flops(
+    cfg, rows, new, prompt + new, head_tokens
+  )
+
+
+def shared_forward_bytes(
+  cfg: ModelConfig, rows: int, prompt: int, new: int, head_tokens: int, tensor: int, group=1
+) -> float:
+  """forward_bytes of the same split as `shared_forward_flops`."""
+  if group <= 1:
+    return forward_bytes(cfg, rows, prompt + new, prompt + new, head_tokens, tensor)
+  return forward_bytes(cfg, rows // group, prompt, prompt, 0, tensor) + forward_bytes(
+    cfg, rows, new, prompt + new, head_tokens, tensor
+  )
+
+
 def train_flops(
-  cfg: ModelConfig, rows: int, seq: int, head_tokens: int, chunked_head: bool = False
+  cfg: ModelConfig,
+  rows: int,
+  seq: int,
+  head_tokens: int,
+  chunked_head: bool = False,
+  group: int = 1,
 ) -> int:
   """Forward + backward (2x forward) + what remat recomputes in the backward pass: each
   layer's whole forward under remat="full", its attention (scores and mixing) under
   "projections". The LM head is recomputed in the backward only when it runs in
-  checkpointed chunks (policy.logprob_chunk > 0)."""
-  fwd = forward_flops(cfg, rows, seq, seq, head_tokens)
-  layers_only = forward_flops(cfg.replace(head="score"), rows, seq, seq, 0)
-  attn = _attention_flops(cfg, rows, seq, seq)
+  checkpointed chunks (policy.logprob_chunk > 0). The head runs on the last `head_tokens`
+  positions (the response); group > 1: rows share prompts as in `shared_forward_flops`."""
+  p, n = seq - head_tokens, head_tokens
+  fwd = shared_forward_flops(cfg, rows, p, n, head_tokens, group)
+  layers_only = shared_forward_flops(cfg.replace(head="score"), rows, p, n, 0, group)
+  if group <= 1:
+    attn = _attention_flops(cfg, rows, seq, seq)
+  else:
+    attn = _attention_flops(cfg, rows // group, p, p) + _attention_flops(cfg, rows, n, seq)
   head = fwd - layers_only
   recompute = {"none": 0, "projections": attn, "full": layers_only}[cfg.remat]
   return 3 * fwd + recompute + (head if chunked_head else 0)

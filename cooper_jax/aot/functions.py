@@ -19,6 +19,8 @@ from cooper_jax.aot.cost import (
   forward_flops,
   per_device,
   sampler_flops,
+  shared_forward_bytes,
+  shared_forward_flops,
   train_bytes,
   train_flops,
   weight_bytes,
@@ -32,6 +34,7 @@ from cooper_jax.aot.models import (
   device_bytes,
   model_config,
 )
+from cooper_jax.config import logprob_micro_batch_size
 
 FUNCTIONS = (
   "sampler",
@@ -192,6 +195,11 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
   )
 
   pmb, chunk = c.policy.micro_batch_size, c.policy.logprob_chunk
+  lmb = logprob_micro_batch_size(c)
+  # As train.py: rows of a group share their prompt's forward (policy.share_prompt), within
+  # each strided micro-batch as steps.micro_prompt_group allows.
+  group = c.rollout.group_size if c.policy.share_prompt else 1
+  micro_count = lambda n_rows, mb: n_rows // mb if mb and mb != n_rows else 1
   lp_shapes = {
     "prompt_tokens": ((rows, p_len), i32),
     "prompt_mask": ((rows, p_len), bool),
@@ -204,12 +212,14 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       pol_cfg,
       mesh,
       pol_params,
-      micro_batch_size=pmb,
+      micro_batch_size=lmb,
       logprob_chunk=chunk,
       temperature=c.rollout.temperature,
+      prompt_group=group,
     )
-    fwd_acts = forward_bytes(pol_cfg, rows, seq, seq, n_new, tensor)
-    n_lp_micro = rows // pmb if pmb else 1
+    n_lp_micro = micro_count(rows, lmb)
+    g_lp = steps.micro_prompt_group(group, n_lp_micro)
+    fwd_acts = shared_forward_bytes(pol_cfg, rows, p_len, n_new, n_new, tensor, g_lp)
     fns.append(
       FnSpec(
         "ref_logprobs",
@@ -217,7 +227,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
         device_bytes(pol_params),
         device_bytes(pol_params) + device_bytes(lp_batch),
         Cost(
-          forward_flops(pol_cfg, rows, seq, seq, n_new),
+          shared_forward_flops(pol_cfg, rows, p_len, n_new, n_new, g_lp),
           per_device(fwd_acts, w_pol, n_dev, tensor, n_lp_micro)
           + n_lp_micro * chunked_head_bytes(pol_cfg, n_new, chunk, 1),
         ),
@@ -273,7 +283,9 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
   if n_updates > 1:
     pb_shapes["old_logp"] = ((p_rows, n_new), f32)
   p_batch = abstract_batch(mesh, pb_shapes)
-  n_p_micro = p_rows // pmb if pmb else 1
+  n_p_micro = micro_count(p_rows, pmb)
+  p_group = group if p_rows == rows else 1  # random mini-batch rows break the groups
+  g_p = steps.micro_prompt_group(p_group, n_p_micro)
   p_fn = steps.make_policy_step(
     pol_cfg,
     c.policy.loss,
@@ -284,6 +296,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
     micro_batch_size=pmb,
     logprob_chunk=chunk,
     temperature=c.rollout.temperature,
+    prompt_group=p_group,
   )
   fns.append(
     FnSpec(
@@ -292,10 +305,10 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       device_bytes(pol_state),
       device_bytes(pol_state) + device_bytes(p_batch),
       Cost(
-        train_flops(pol_cfg, p_rows, seq, n_new, chunked_head=0 < chunk < n_new),
+        train_flops(pol_cfg, p_rows, seq, n_new, chunked_head=0 < chunk < n_new, group=g_p),
         train_bytes(
           pol_cfg,
-          forward_bytes(pol_cfg, p_rows, seq, seq, n_new, tensor),
+          shared_forward_bytes(pol_cfg, p_rows, p_len, n_new, n_new, tensor, g_p),
           w_pol,
           n_dev,
           tensor,
