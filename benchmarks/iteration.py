@@ -5,7 +5,9 @@ run config by spec, our loop's per-step metrics, the prompts it draws in its ord
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -234,71 +236,101 @@ def record_pairs(report, figs: dict, pairs: list[dict], load: float, peer: str, 
   return tuple(min(p[s]["step"] for p in pairs) for s in ("ours", "peer"))
 
 
-def run_peer_iteration(
-  report,
-  key: str,
-  name: str,
-  figs: dict,
+@dataclasses.dataclass(frozen=True)
+class IterationPeer:
+  """How a GRPO-iteration peer plugs into `peer_iteration_section` (trl_side.TRL,
+  tunix_grpo_side.TUNIX)."""
+
+  key: str  # the section's name and its figures' key prefix
+  name: str  # in notes and tables: "TRL"
+  library: str  # what runs: "TRL GRPOTrainer"
+  open: Callable  # python -> its worker client (FileNotFoundError without the venv)
+  versions: Callable  # worker info -> " (trl 1.16.0, torch 2.13.0)"
+  gate: Callable  # (worker, cfg, params, tokens, mask, pad_id, hf_dir) -> (ok, figures)
+  make_config: Callable  # (our run config, steps) -> the worker's iteration config
+  setting: Callable  # (worker info, worker answer) -> where and how the worker ran
+  runs_as: str  # how its steps run: "one trainer.train"
+  not_matched: tuple
+
+
+def peer_iteration_section(
+  report: harness.Report,
+  p: IterationPeer,
   spec: str,
   overrides,
   warmup: int,
   runs: int,
   workroot: Path,
-  peer,
-  *,
-  gate: Callable,
-  make_config: Callable,
+  python: str,
   run_train: Callable | None = None,
-):
-  """What both GRPO-iteration peers do once their figures exist and the worker runs: the gate
-  (`gate` as prepare_peer_run takes it; no timing unless it passes), then `warmup` + `runs`
-  iterations in the worker (`peer.call("iteration", ...)` with `make_config(c, steps)`; its
-  steps as pair_steps takes them), the worker closed, then as many rule-only iterations of our
-  loop (`run_train`, default train_metrics) on the same config, prompts and weights, paired
-  step by step into the figures. Returns (config, worker config, the worker's answer, our
-  metrics rows, best step seconds (ours, theirs)), or None when the gate failed."""
-  import os  # pylint: disable=import-outside-toplevel
-
-  c, hf_dir, eos_ids, prompts, res = prepare_peer_run(
-    spec, overrides, warmup + runs, workroot, gate
-  )
-  if not report.gate(key, figs.values(), name, res["ok"], res, "last_position"):
-    return None
-  kw = make_config(c, warmup + runs)
-  load = harness.load1()
-  path = os.path.join(peer.tmp.name, "prompts.json")
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(prompts, f)
-  theirs = peer.call(
-    "iteration",
-    hf_dir=hf_dir,
-    prompts=path,
-    config=kw,
-    eos_ids=list(eos_ids),
-    verify_py=str(REPO / "cooper_jax" / "rewards" / "verify.py"),  # the worker's rule reward
-  )
-  peer.close()  # its models and optimizer state are not needed while ours runs
-  rows = (run_train or train_metrics)(spec, "rule", warmup + runs, workroot / "ours", overrides)
-  label = figs["step"].peer_label.split(" (")[0]
-  best = record_pairs(
-    report,
-    figs,
-    pair_steps(rows, theirs["steps"], warmup),
-    load,
-    name,
-    f"{label} vs cooper_jax, one iteration (seconds; response length: mean tokens)",
-  )
-  return c, kw, theirs, rows, best
-
-
-def peer_notes(name: str, runs: int, best: tuple, first: str, not_matched) -> list[str]:
-  """The notes every GRPO-iteration peer figure carries: best steps, order of the runs, what
-  "update" holds, what is not matched."""
-  return [
-    f"best of the {runs} timed steps: ours {best[0]:.2f} s, {name} {best[1]:.2f} s (ratio "
-    f"{best[0] / best[1]:.2f})",
-    f"{name}'s steps all run first ({first}), then ours (one train loop); load: the 1-minute "
-    f"load before {name}'s run; update = step - generation (reward, reference log-probs, loss, "
-    "backward, clip, AdamW)",
-    "not matched: " + "; ".join(not_matched),
-  ]
+) -> None:
+  """`warmup` + `runs` GRPO iterations in the peer's worker, then as many rule-only iterations
+  of our train loop (`run_train`, default train_metrics) on the same config, prompts and
+  weights; run i pairs step warmup + i of both into three figures (step, generation, the
+  rest). No timing unless the gate passes; without the venv the figures stay empty ("peer not
+  run"). The worker's `iteration` gets the prompts file, its config, our EOS ids and our
+  verify.py (the rule reward), and is closed before our side runs."""
+  overrides = tuple(overrides)
+  try:
+    peer = p.open(python)
+  except FileNotFoundError as e:
+    print(f"(no {p.name} peer: {e})", flush=True)
+    peer = None
+  try:
+    label = p.library
+    if peer is not None:
+      report.meta[p.name.lower()] = peer.info
+      label += p.versions(peer.info)
+    figs = peer_iteration_figures(report, p.key, spec, label)
+    extras = report.extras.setdefault(p.key, {"spec": spec, "overrides": list(overrides)})
+    if peer is None:
+      return report.refuse(p.key, figs.values(), f"peer not run (no {p.name} venv)")
+    c, hf_dir, eos_ids, prompts, res = prepare_peer_run(
+      spec, overrides, warmup + runs, workroot, lambda *a: p.gate(peer, *a)
+    )
+    if not report.gate(p.key, figs.values(), p.name, res["ok"], res, "last_position"):
+      return None
+    kw = p.make_config(c, warmup + runs)
+    load = harness.load1()
+    path = os.path.join(peer.tmp.name, "prompts.json")
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(prompts, f)
+    theirs = peer.call(
+      "iteration",
+      hf_dir=hf_dir,
+      prompts=path,
+      config=kw,
+      eos_ids=list(eos_ids),
+      verify_py=str(REPO / "cooper_jax" / "rewards" / "verify.py"),  # the worker's rule reward
+    )
+    info = peer.info
+    peer.close()  # its models and optimizer state are not needed while ours runs
+    peer = None
+    rows = (run_train or train_metrics)(spec, "rule", warmup + runs, workroot / "ours", overrides)
+    best = record_pairs(
+      report,
+      figs,
+      pair_steps(rows, theirs["steps"], warmup),
+      load,
+      p.name,
+      f"{p.library} vs cooper_jax, one iteration (seconds; response length: mean tokens)",
+    )
+    r = c.rollout
+    skipped = {0: "", 1: "; step 1"}.get(warmup, f"; steps 1-{warmup}")
+    skipped += " (warm-up: compilation) not used" if warmup else ""
+    figs["step"].notes += [
+      f"{r.prompts_per_step} prompts x G={r.group_size}, up to {r.max_new_tokens} new tokens, "
+      f"temperature {r.temperature}, fp32; {p.setting(info, theirs)}; the same prompts at "
+      f"each step on both sides{skipped}",
+      f"best of the {runs} timed steps: ours {best[0]:.2f} s, {p.name} {best[1]:.2f} s (ratio "
+      f"{best[0] / best[1]:.2f})",
+      f"{p.name}'s steps all run first ({p.runs_as}), then ours (one train loop); load: the "
+      f"1-minute load before {p.name}'s run; update = step - generation (reward, reference "
+      "log-probs, loss, backward, clip, AdamW)",
+      "not matched: " + "; ".join(p.not_matched),
+    ]
+    extras.update(config=kw, peer=theirs, our_metrics=rows)
+    report.save_partial()
+  finally:
+    if peer is not None:
+      peer.close()

@@ -147,68 +147,39 @@ def gate(cfg, params, tokens, mask, pad_id, peer: TrlPeer, hf_dir: str, greedy_t
   return gate_figures(ours_l, peer_l, mask, ours_g, theirs["tokens"], theirs["load_s"])
 
 
+def _open(python: str):
+  return TrlPeer(python)  # looked up at call time (tests replace it)
+
+
+def _setting(info: dict, theirs: dict) -> str:
+  del theirs
+  return f"TRL on {info['threads']} torch threads (CPUs {info['cpus']})"
+
+
+def _gate(peer, cfg, params, tokens, mask, pad_id, hf_dir):
+  return gate(cfg, params, tokens, mask, pad_id, peer, hf_dir)
+
+
 def trl_iteration_section(
   report, spec: str, overrides, warmup: int, runs: int, workroot, python, run_train=None
 ) -> None:
-  """`warmup` + `runs` GRPO iterations of TRL's GRPOTrainer, then as many rule-only iterations
-  of our train loop (`run_train`, default iteration.train_metrics) on the same config, prompts
-  and weights; run i pairs step warmup + i of both. No timing unless the gate passes; without
-  the TRL venv the figures stay empty ("peer not run")."""
-  try:
-    peer = TrlPeer(python)
-  except FileNotFoundError as e:
-    print(f"(no TRL peer: {e})", flush=True)
-    peer = None
-  try:
-    _section(report, spec, tuple(overrides), warmup, runs, workroot, peer, run_train)
-  finally:
-    if peer is not None:
-      peer.close()
+  """`warmup` + `runs` GRPO iterations of TRL's GRPOTrainer against as many rule-only
+  iterations of our train loop (iteration.peer_iteration_section)."""
+  from benchmarks.iteration import IterationPeer, peer_iteration_section  # pylint: disable=import-outside-toplevel
 
-
-def _section(report, spec, overrides, warmup, runs, workroot, peer, run_train):
-  from benchmarks import iteration as I  # pylint: disable=import-outside-toplevel
-
-  label = "TRL GRPOTrainer"
-  if peer is not None:
-    report.meta["trl"] = peer.info
-    label += f" (trl {peer.info['trl']}, torch {peer.info['torch']})"
-  figs = I.peer_iteration_figures(report, "trl_iteration", spec, label)
-  extras = report.extras.setdefault("trl_iteration", {"spec": spec, "overrides": list(overrides)})
-
-  if peer is None:
-    return report.refuse("trl_iteration", figs.values(), "peer not run (no TRL venv)")
-  out = I.run_peer_iteration(
-    report,
-    "trl_iteration",
-    "TRL",
-    figs,
-    spec,
-    overrides,
-    warmup,
-    runs,
-    workroot,
-    peer,
-    gate=lambda cfg, params, tokens, mask, pad_id, hf: gate(
-      cfg, params, tokens, mask, pad_id, peer, hf
-    ),
+  trl = IterationPeer(
+    key="trl_iteration",
+    name="TRL",
+    library="TRL GRPOTrainer",
+    open=_open,
+    versions=lambda info: f" (trl {info['trl']}, torch {info['torch']})",
+    gate=_gate,
     make_config=grpo_config,
-    run_train=run_train,
+    setting=_setting,
+    runs_as="one trainer.train",
+    not_matched=NOT_MATCHED,
   )
-  if out is None:
-    return None
-  c, kw, theirs, rows, best = out
-  r = c.rollout
-  skipped = "" if not warmup else "; step 1" if warmup == 1 else f"; steps 1-{warmup}"
-  skipped += " (warm-up: our compilation) not used" if warmup else ""
-  figs["step"].notes += [
-    f"{r.prompts_per_step} prompts x G={r.group_size}, up to {r.max_new_tokens} new tokens, "
-    f"temperature {r.temperature}, fp32; TRL on {peer.info['threads']} torch threads (CPUs "
-    f"{peer.info['cpus']}); the same prompts at each step on both sides{skipped}",
-    *I.peer_notes("TRL", runs, best, "one trainer.train", NOT_MATCHED),
-  ]
-  extras.update(trl_config=kw, trl=theirs, our_metrics=rows)
-  report.save_partial()
+  peer_iteration_section(report, trl, spec, overrides, warmup, runs, workroot, python, run_train)
 
 
 # -------------------------------------------------------------------------- TRL venv (worker)

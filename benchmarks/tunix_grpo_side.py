@@ -126,65 +126,42 @@ class TunixGrpoPeer(WorkerClient):
     super().__init__(python, __file__, env, tunix_side.VENV_HINT)
 
 
+def _open(python: str):
+  return TunixGrpoPeer(python)  # looked up at call time (tests replace it)
+
+
+def _setting(info: dict, theirs: dict) -> str:
+  return (
+    f"one CPU device each, pinned to CPUs {info['cpus']}; tunix's prompt width "
+    f"{theirs['width']}, pad id {theirs['pad_id']} sampled {theirs['pad_sampled']} times"
+  )
+
+
+def _gate(peer, cfg, params, tokens, mask, pad_id, hf_dir):
+  del pad_id  # tunix_side's gate picks its own pad id (one in no prompt)
+  return tunix_side.gate(cfg, params, tokens, mask, peer, hf_dir)
+
+
 def tunix_iteration_section(
   report, spec: str, overrides, warmup: int, runs: int, workroot, python, run_train=None
 ) -> None:
-  """`warmup` + `runs` GRPO iterations of tunix's GRPOLearner, then as many rule-only
-  iterations of our train loop (`run_train`, default iteration.train_metrics) on the same
-  config, prompts and weights; run i pairs step warmup + i of both. No timing unless the gate
-  passes; without the tunix venv the figures stay empty ("peer not run")."""
-  from benchmarks import iteration as I  # pylint: disable=import-outside-toplevel
+  """`warmup` + `runs` GRPO iterations of tunix's GRPOLearner against as many rule-only
+  iterations of our train loop (iteration.peer_iteration_section)."""
+  from benchmarks.iteration import IterationPeer, peer_iteration_section  # pylint: disable=import-outside-toplevel
 
-  try:
-    peer = TunixGrpoPeer(python)
-  except FileNotFoundError as e:
-    print(f"(no tunix peer: {e})", flush=True)
-    peer = None
-  try:
-    label = "tunix GRPOLearner"
-    if peer is not None:
-      report.meta["tunix"] = peer.info
-      label += f" (tunix {peer.info['tunix']}, jax {peer.info['jax']})"
-    figs = I.peer_iteration_figures(report, "tunix_iteration", spec, label)
-    extras = report.extras.setdefault(
-      "tunix_iteration", {"spec": spec, "overrides": list(overrides)}
-    )
-    if peer is None:
-      return report.refuse("tunix_iteration", figs.values(), "peer not run (no tunix venv)")
-    out = I.run_peer_iteration(
-      report,
-      "tunix_iteration",
-      "tunix",
-      figs,
-      spec,
-      overrides,
-      warmup,
-      runs,
-      workroot,
-      peer,
-      gate=lambda cfg, params, tokens, mask, _pad, hf: tunix_side.gate(
-        cfg, params, tokens, mask, peer, hf
-      ),
-      make_config=learner_config,
-      run_train=run_train,
-    )
-    if out is None:
-      return None
-    c, kw, theirs, rows, best = out
-    r = c.rollout
-    figs["step"].notes += [
-      f"{r.prompts_per_step} prompts x G={r.group_size}, up to {r.max_new_tokens} new tokens, "
-      f"temperature {r.temperature}, fp32, one CPU device each, pinned to CPUs "
-      f"{report.meta['tunix']['cpus']}; the same prompts at each step on both sides; steps "
-      f"1-{warmup} (warm-up: compilation on both sides) not used; tunix's prompt width "
-      f"{theirs['width']}, pad id {theirs['pad_id']} sampled {theirs['pad_sampled']} times",
-      *I.peer_notes("tunix", runs, best, "one learner.train", NOT_MATCHED),
-    ]
-    extras.update(tunix_config=kw, tunix=theirs, our_metrics=rows)
-    report.save_partial()
-  finally:
-    if peer is not None:
-      peer.close()
+  tunix = IterationPeer(
+    key="tunix_iteration",
+    name="tunix",
+    library="tunix GRPOLearner",
+    open=_open,
+    versions=lambda info: f" (tunix {info['tunix']}, jax {info['jax']})",
+    gate=_gate,
+    make_config=learner_config,
+    setting=_setting,
+    runs_as="one learner.train",
+    not_matched=NOT_MATCHED,
+  )
+  peer_iteration_section(report, tunix, spec, overrides, warmup, runs, workroot, python, run_train)
 
 
 # ------------------------------------------------------------------------ tunix venv (worker)

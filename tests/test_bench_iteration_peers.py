@@ -221,7 +221,7 @@ def test_tunix_section_pairs_the_steps(tmp_path, monkeypatch):
   assert any("prompt width 192, pad id 16 sampled 0 times" in n for n in step.notes)
   ((title, header, rows),) = rep.tables
   assert ["2", "tunix", "2.00", "4.00", "6.00", "60.0"] in rows
-  assert rep.extras["tunix_iteration"]["tunix_config"]["steps"] == 3
+  assert rep.extras["tunix_iteration"]["config"]["steps"] == 3
 
 
 def test_tunix_section_without_its_venv_records_no_ratio(tmp_path):
