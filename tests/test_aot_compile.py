@@ -73,16 +73,17 @@ def test_paper_qwen_cooper_policy_step_fits_v5e_2x4(paper_policy_step):
   assert r.fits, f"policy_step needs {r.resident_gib:.1f} GiB of {r.hbm_gib:.2f} ({r.error})"
 
 
-def test_analytic_flops_match_xla_loop_body():
-  """XLA's cost_analysis counts a scanned layer once. For a 2-layer remat'ed model (the layer
-  scan stays a loop; with 1 layer XLA unrolls it and CSEs the remat recompute away, since
-  nn.remat runs with prevent_cse=False) XLA's figure must therefore equal the analytic count
-  of the same model with ONE layer: fwd + bwd + recompute for policy_step, fwd for the
-  log-prob fn (elementwise ops, which the analytic count leaves out, are a few percent here)."""
+ROWS, PROMPT, NEW = 16, 64, 64
+
+
+def _two_layer_setup(mesh):
+  """A 2-layer remat'ed Qwen2-like model, its abstract params / AdamW state and abstract
+  log-prob and policy batches of ROWS x (PROMPT + NEW) tokens on `mesh`, the paper's loss
+  without KL: (cfg, mesh, params, opt, state, lp_batch, batch, loss)."""
   cfg = ModelConfig(
     vocab_size=2048,
     d_model=256,
-    n_layers=1,
+    n_layers=2,
     n_heads=4,
     n_kv_heads=2,
     head_dim=64,
@@ -91,24 +92,34 @@ def test_analytic_flops_match_xla_loop_body():
     qkv_bias=True,
     dtype="bfloat16",
     remat="full",
-  ).replace(n_layers=2)
-  body_once = cfg.replace(n_layers=1)
-  topo = aot.get_topology(TOPOLOGY)
-  mesh = sharding.make_mesh(data=8, devices=topo.devices)
-  rows, p, n = 16, 64, 64
+  )
   params = aot.abstract_params(cfg, mesh)
   opt = optim.make_optimizer(paper_config("qwen,rule").policy.optim)
   state = aot.abstract_state(params, opt, mesh)
   shapes = {
-    "prompt_tokens": ((rows, p), jnp.int32),
-    "prompt_mask": ((rows, p), bool),
-    "response_tokens": ((rows, n), jnp.int32),
-    "response_mask": ((rows, n), bool),
+    "prompt_tokens": ((ROWS, PROMPT), jnp.int32),
+    "prompt_mask": ((ROWS, PROMPT), bool),
+    "response_tokens": ((ROWS, NEW), jnp.int32),
+    "response_mask": ((ROWS, NEW), bool),
   }
   lp_batch = aot.abstract_batch(mesh, shapes)
-  batch = aot.abstract_batch(mesh, dict(shapes, advantages=((rows,), jnp.float32)))
+  batch = aot.abstract_batch(mesh, dict(shapes, advantages=((ROWS,), jnp.float32)))
   loss = paper_config("qwen,rule").policy.loss
   loss.kl_coef = 0.0
+  return cfg, mesh, params, opt, state, lp_batch, batch, loss
+
+
+def test_analytic_flops_match_xla_loop_body():
+  """XLA's cost_analysis counts a scanned layer once. For a 2-layer remat'ed model (the layer
+  scan stays a loop; with 1 layer XLA unrolls it and CSEs the remat recompute away, since
+  nn.remat runs with prevent_cse=False) XLA's figure must therefore equal the analytic count
+  of the same model with ONE layer: fwd + bwd + recompute for policy_step, fwd for the
+  log-prob fn (elementwise ops, which the analytic count leaves out, are a few percent here)."""
+  cfg, mesh, params, opt, state, lp_batch, batch, loss = _two_layer_setup(
+    sharding.make_mesh(data=8, devices=aot.get_topology(TOPOLOGY).devices)
+  )
+  body_once = cfg.replace(n_layers=1)
+  rows, p, n = ROWS, PROMPT, NEW
   step = steps.make_policy_step(cfg, loss, opt, mesh, state, batch)
   xla = step.lower(state, batch).compile().cost_analysis()["flops"]
   assert aot.train_flops(body_once, rows, p + n, n) / 8 == pytest.approx(xla, rel=0.05)
@@ -125,35 +136,11 @@ def test_shared_prompt_flops_match_xla():
   body once, so against the analytic count of one layer, within the 5% of elementwise ops."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  cfg = ModelConfig(
-    vocab_size=2048,
-    d_model=256,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=64,
-    d_ff=1024,
-    family="qwen2",
-    qkv_bias=True,
-    dtype="bfloat16",
-    remat="full",
+  cfg, mesh, params, opt, state, lp_batch, batch, loss = _two_layer_setup(
+    sharding.make_mesh(data=1, devices=jax.devices("cpu")[:1])
   )
   body_once = cfg.replace(n_layers=1)
-  mesh = sharding.make_mesh(data=1, devices=jax.devices("cpu")[:1])
-  rows, p, n = 16, 64, 64
-  params = aot.abstract_params(cfg, mesh)
-  opt = optim.make_optimizer(paper_config("qwen,rule").policy.optim)
-  state = aot.abstract_state(params, opt, mesh)
-  shapes = {
-    "prompt_tokens": ((rows, p), jnp.int32),
-    "prompt_mask": ((rows, p), bool),
-    "response_tokens": ((rows, n), jnp.int32),
-    "response_mask": ((rows, n), bool),
-  }
-  lp_batch = aot.abstract_batch(mesh, shapes)
-  batch = aot.abstract_batch(mesh, dict(shapes, advantages=((rows,), jnp.float32)))
-  loss = paper_config("qwen,rule").policy.loss
-  loss.kl_coef = 0.0
+  rows, p, n = ROWS, PROMPT, NEW
   lp = steps.make_logprob_fn(cfg, mesh, params, prompt_group=4)
   xla = lp.lower(params, lp_batch).compile().cost_analysis()["flops"]
   shared = aot.shared_forward_flops(body_once, rows, p, n, n, group=4)

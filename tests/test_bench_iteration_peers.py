@@ -68,6 +68,22 @@ def test_pair_steps_splits_generation_from_the_rest():
     iteration.pair_steps(ours, theirs, 1)
 
 
+def _prepared():
+  """What iteration.prepare_peer_run hands a section: cpu_smoke's config, one prompt, a
+  passed gate."""
+  c = iteration.run_config("experiments/smollm2.py:cpu_smoke")
+  prompts = [{"prompt": "q", "answer": "1", "ids": [1]}]
+  gate = {"max_abs_logit_diff": 1e-4, "max_abs_logit_diff_last_position": 5e-5}
+  gate.update(positions_compared=152, greedy_equal=True, greedy_ours=[[1] * 16] * 2, ok=True)
+  return c, prompts, gate
+
+
+def _fake_train(spec, mode, steps, workdir, overrides):
+  """Our train loop's metrics rows, 8 s a step of which 3 s sampling."""
+  assert mode == "rule" and steps == 3 and overrides == ()
+  return [{"time/step_s": 8.0, "time/sample_s": 3.0} for _ in range(steps)]
+
+
 def test_trl_section_pairs_the_steps(tmp_path, monkeypatch):
   from benchmarks import trl_side  # pylint: disable=import-outside-toplevel
 
@@ -86,19 +102,12 @@ def test_trl_section_pairs_the_steps(tmp_path, monkeypatch):
     def close(self):
       pass
 
-  c = iteration.run_config("experiments/smollm2.py:cpu_smoke")
-  prompts = [{"prompt": "q", "answer": "1", "ids": [1]}]
-  gate = {"max_abs_logit_diff": 1e-4, "max_abs_logit_diff_last_position": 5e-5}
-  gate.update(positions_compared=152, greedy_equal=True, greedy_ours=[[1] * 16] * 2, ok=True)
+  c, prompts, gate = _prepared()
   monkeypatch.setattr(trl_side, "TrlPeer", FakePeer)
   monkeypatch.setattr(iteration, "prepare_peer_run", lambda *a: (c, "hf", (2, 0), prompts, gate))
 
-  def fake_train(spec, mode, steps, workdir, overrides):
-    assert mode == "rule" and steps == 3 and overrides == ()
-    return [{"time/step_s": 8.0, "time/sample_s": 3.0} for _ in range(steps)]
-
   rep = harness.Report("t", {})
-  trl_side.trl_iteration_section(rep, "s", (), 1, 2, tmp_path, "py", run_train=fake_train)
+  trl_side.trl_iteration_section(rep, "s", (), 1, 2, tmp_path, "py", run_train=_fake_train)
   step, gen, upd = rep.figures
   assert [f.key for f in rep.figures] == [
     "trl_iteration",
@@ -194,19 +203,12 @@ def test_tunix_section_pairs_the_steps(tmp_path, monkeypatch):
     def close(self):
       pass
 
-  c = iteration.run_config("experiments/smollm2.py:cpu_smoke")
-  prompts = [{"prompt": "q", "answer": "1", "ids": [1]}]
-  gate = {"max_abs_logit_diff": 1e-4, "max_abs_logit_diff_last_position": 5e-5}
-  gate.update(positions_compared=152, greedy_equal=True, greedy_ours=[[1] * 16] * 2, ok=True)
+  c, prompts, gate = _prepared()
   monkeypatch.setattr(tunix_grpo_side, "TunixGrpoPeer", FakePeer)
   monkeypatch.setattr(iteration, "prepare_peer_run", lambda *a: (c, "hf", (2, 0), prompts, gate))
 
-  def fake_train(spec, mode, steps, workdir, overrides):
-    assert mode == "rule" and steps == 3 and overrides == ()
-    return [{"time/step_s": 8.0, "time/sample_s": 3.0} for _ in range(steps)]
-
   rep = harness.Report("t", {})
-  tunix_grpo_side.tunix_iteration_section(rep, "s", (), 1, 2, tmp_path, "py", fake_train)
+  tunix_grpo_side.tunix_iteration_section(rep, "s", (), 1, 2, tmp_path, "py", _fake_train)
   step, gen, upd = rep.figures
   assert [f.key for f in rep.figures] == [
     "tunix_iteration",
