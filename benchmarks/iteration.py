@@ -162,13 +162,15 @@ def _fmt(v) -> str:
 PEER_PARTS = (("step", ""), ("generate", ", generation"), ("update", ", all but it"))
 
 
-def peer_iteration_figures(report: harness.Report, key: str, spec: str, peer_label: str) -> dict:
+def peer_iteration_figures(
+  report: harness.Report, key: str, spec: str, name: str, peer_label: str
+) -> dict:
   """The three figures of a peer's GRPO iteration (whole step, generation, all but it), seconds
-  ours / theirs, keyed "step", "generate", "update"."""
+  ours / `name`'s, keyed "step", "generate", "update"."""
   return {
     part: report.figure(
       key=key + ("" if part == "step" else f"_{part}"),
-      label=f"one rule-only GRPO iteration ({spec}){what}: cooper_jax s / {peer_label.split()[0]} s",
+      label=f"one rule-only GRPO iteration ({spec}){what}: cooper_jax s / {name} s",
       unit="s",
       ours_label="cooper_jax train (rule)",
       peer_label=peer_label,
@@ -238,8 +240,8 @@ def record_pairs(report, figs: dict, pairs: list[dict], load: float, peer: str, 
 
 @dataclasses.dataclass(frozen=True)
 class IterationPeer:
-  """How a GRPO-iteration peer plugs into `peer_iteration_section` (trl_side.TRL,
-  tunix_grpo_side.TUNIX)."""
+  """How a GRPO-iteration peer plugs into `peer_iteration_section` (built in
+  trl_side.trl_iteration_section and tunix_grpo_side.tunix_iteration_section)."""
 
   key: str  # the section's name and its figures' key prefix
   name: str  # in notes and tables: "TRL"
@@ -281,7 +283,7 @@ def peer_iteration_section(
     if peer is not None:
       report.meta[p.name.lower()] = peer.info
       label += p.versions(peer.info)
-    figs = peer_iteration_figures(report, p.key, spec, label)
+    figs = peer_iteration_figures(report, p.key, spec, p.name, label)
     extras = report.extras.setdefault(p.key, {"spec": spec, "overrides": list(overrides)})
     if peer is None:
       return report.refuse(p.key, figs.values(), f"peer not run (no {p.name} venv)")

@@ -207,7 +207,7 @@ def rm_loss_fn(model_cfg: ModelConfig, loss_type: str, params, batch):
   raise ValueError(f"rm loss_type={loss_type!r}: expected 'bt' or 'bce'")
 
 
-def _micro_count(b: int, micro_batch_size: int, mesh: Mesh) -> int:
+def micro_count(b: int, micro_batch_size: int, mesh: Mesh) -> int:
   """Number of micro-batches k for a batch of b rows; a ValueError names a bad size."""
   if micro_batch_size < 0:
     raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 0 (0 = whole batch)")
@@ -253,7 +253,7 @@ def _constrain_rows(tree, mesh: Mesh):
 
 def _map_micro(fn: Callable, mesh: Mesh, micro_batch_size: int, *arrays):
   """fn(*arrays) -> [b, ...], run over micro-batches one after another (forward only)."""
-  k = _micro_count(_leading_dim(arrays), micro_batch_size, mesh)
+  k = micro_count(_leading_dim(arrays), micro_batch_size, mesh)
   if k == 1:
     return fn(*arrays)
   xs = tuple(_split(a, k, mesh) for a in arrays)
@@ -340,7 +340,7 @@ def make_train_step(
   State shardings follow the parameter rules, batch rows are split over (data, fsdp), the
   state buffer is donated (do not reuse the state passed in).
   """
-  k = _micro_count(_leading_dim(batch_like), micro_batch_size, mesh)
+  k = micro_count(_leading_dim(batch_like), micro_batch_size, mesh)
   state_sh = sharding.tree_shardings(state, mesh)
   params_sh = sharding.tree_shardings(state["params"], mesh)
 
@@ -387,7 +387,7 @@ def make_policy_step(
   if (loss_cfg.kl_coef > 0) != ("ref_logp" in batch_like):
     raise ValueError("policy batch must carry ref_logp exactly when kl_coef > 0")
   group = micro_prompt_group(
-    prompt_group, _micro_count(_leading_dim(batch_like), micro_batch_size, mesh)
+    prompt_group, micro_count(_leading_dim(batch_like), micro_batch_size, mesh)
   )
   return make_train_step(
     lambda p, b: policy_loss_fn(
@@ -448,7 +448,7 @@ def make_logprob_fn(
   keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
 
   def logprob_fn(params, batch):
-    k = _micro_count(_leading_dim(batch), micro_batch_size, mesh)
+    k = micro_count(_leading_dim(batch), micro_batch_size, mesh)
     group = micro_prompt_group(prompt_group, k)
     one = lambda *arrays: _logprobs(
       model_cfg, params, dict(zip(keys, arrays)), logprob_chunk, temperature, group

@@ -122,23 +122,29 @@ def test_trl_section_pairs_the_steps(tmp_path, monkeypatch):
   assert ["2", "TRL", "2.00", "4.00", "6.00", "60.0"] in rows and ["3", "cooper_jax"] == rows[2][:2]
 
 
-def test_trl_section_without_its_venv_records_no_ratio(tmp_path):
+@pytest.mark.parametrize("key", ["trl_iteration", "tunix_iteration"])
+def test_section_without_its_venv_records_no_ratio(tmp_path, key):
+  from benchmarks import trl_side, tunix_grpo_side  # pylint: disable=import-outside-toplevel
+
+  section = {
+    "trl_iteration": trl_side.trl_iteration_section,
+    "tunix_iteration": tunix_grpo_side.tunix_iteration_section,
+  }[key]
   rep = harness.Report("t", {})
   never = lambda *a: pytest.fail("our side does not run when the peer is absent")
-  run.trl_side.trl_iteration_section(
-    rep, "experiments/tiny.py", (), 1, 3, tmp_path, str(tmp_path / "no" / "python"), never
-  )
-  assert [f.key for f in rep.figures] == [
-    "trl_iteration",
-    "trl_iteration_generate",
-    "trl_iteration_update",
-  ]
+  section(rep, "experiments/tiny.py", (), 1, 3, tmp_path, str(tmp_path / "no" / "python"), never)
+  assert [f.key for f in rep.figures] == [key, f"{key}_generate", f"{key}_update"]
   for f in rep.figures:
     assert f.runs == [] and f.worst_ratio is None and "peer not run" in f.notes[0]
+  assert key in run.PEER_SECTIONS
+
+
+def test_run_py_sizes_and_venv_flags_of_the_iteration_peers():
   a = run.parse_args(["--only", "trl_iteration", "--trl-python", "/x/python"])
   assert a.only == ["trl_iteration"] and a.trl_python == "/x/python"
   full = run.sizes(run.parse_args([]))
   assert full["trl_iteration"] == ("experiments/smollm2.py:cpu_smoke", (), 2)
+  assert full["tunix_iteration"] == full["trl_iteration"]
 
 
 def test_tunix_learner_config_follows_our_run_config():
@@ -224,23 +230,3 @@ def test_tunix_section_pairs_the_steps(tmp_path, monkeypatch):
   ((title, header, rows),) = rep.tables
   assert ["2", "tunix", "2.00", "4.00", "6.00", "60.0"] in rows
   assert rep.extras["tunix_iteration"]["config"]["steps"] == 3
-
-
-def test_tunix_section_without_its_venv_records_no_ratio(tmp_path):
-  from benchmarks import tunix_grpo_side  # pylint: disable=import-outside-toplevel
-
-  rep = harness.Report("t", {})
-  never = lambda *a: pytest.fail("our side does not run when the peer is absent")
-  tunix_grpo_side.tunix_iteration_section(
-    rep, "experiments/tiny.py", (), 1, 3, tmp_path, str(tmp_path / "no" / "python"), never
-  )
-  assert [f.key for f in rep.figures] == [
-    "tunix_iteration",
-    "tunix_iteration_generate",
-    "tunix_iteration_update",
-  ]
-  for f in rep.figures:
-    assert f.runs == [] and f.worst_ratio is None and "peer not run" in f.notes[0]
-  full = run.sizes(run.parse_args([]))
-  assert full["tunix_iteration"] == full["trl_iteration"]
-  assert "tunix_iteration" in run.PEER_SECTIONS

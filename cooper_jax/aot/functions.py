@@ -199,7 +199,6 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
   # As train.py: rows of a group share their prompt's forward (policy.share_prompt), within
   # each strided micro-batch as steps.micro_prompt_group allows.
   group = c.rollout.group_size if c.policy.share_prompt else 1
-  micro_count = lambda n_rows, mb: n_rows // mb if mb and mb != n_rows else 1
   lp_shapes = {
     "prompt_tokens": ((rows, p_len), i32),
     "prompt_mask": ((rows, p_len), bool),
@@ -217,7 +216,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       temperature=c.rollout.temperature,
       prompt_group=group,
     )
-    n_lp_micro = micro_count(rows, lmb)
+    n_lp_micro = steps.micro_count(rows, lmb, mesh)
     g_lp = steps.micro_prompt_group(group, n_lp_micro)
     fwd_acts = shared_forward_bytes(pol_cfg, rows, p_len, n_new, n_new, tensor, g_lp)
     fns.append(
@@ -283,7 +282,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
   if n_updates > 1:
     pb_shapes["old_logp"] = ((p_rows, n_new), f32)
   p_batch = abstract_batch(mesh, pb_shapes)
-  n_p_micro = micro_count(p_rows, pmb)
+  n_p_micro = steps.micro_count(p_rows, pmb, mesh)
   p_group = group if p_rows == rows else 1  # random mini-batch rows break the groups
   g_p = steps.micro_prompt_group(p_group, n_p_micro)
   p_fn = steps.make_policy_step(
@@ -349,7 +348,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
             w_rm,
             n_dev,
             tensor,
-            pairs // rmb if rmb else 1,
+            steps.micro_count(pairs, rmb, mesh),
           ),
         ),
       )
