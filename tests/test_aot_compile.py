@@ -202,6 +202,21 @@ def test_reference_pass_shares_prompts_in_its_own_micro_batches():
   assert flops(c)["ref_logprobs"] == aot.forward_flops(cfg, rows, p + n, p + n, n)
 
 
+def test_reward_pass_reads_the_weights_once_per_score_micro_batch():
+  """The RM reward forward runs rm.score_micro_batch_size rows at a time (128 of 1024 in
+  paper.py: 8 passes), not rm_step's micro-batches of rm.micro_batch_size pairs (16: 64)."""
+  topo = aot.get_topology(TOPOLOGY)
+  c = paper_config("qwen,cooper")
+  mesh = sharding.make_mesh(**c.mesh, devices=topo.devices)
+  rm_cfg = aot.model_config(c.rm, "score")
+  rows, n_dev = 1024, 8
+  acts = aot.forward_bytes(rm_cfg, rows, c.rm.max_len, c.rm.max_len, 0, 1)
+  w = rm_cfg.num_params() * 4  # fp32 RM parameters
+  fns = {f.name: f for f in aot.build_functions(c, mesh)[0]}
+  assert (c.rm.score_micro_batch_size, c.rm.micro_batch_size) == (128, 16)
+  assert fns["rm_reward"].cost.bytes == pytest.approx(acts / n_dev + 8 * w, rel=0.01)
+
+
 # Published total parameter counts (Hugging Face model cards / safetensors index).
 PUBLISHED_PARAMS = {
   "Qwen/Qwen2.5-1.5B-Instruct": 1.54e9,

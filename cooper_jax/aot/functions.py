@@ -262,7 +262,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
             w_rm,
             n_dev,
             tensor,
-            rows // rmb if rmb else 1,
+            steps.micro_count(rows, smb, mesh),  # the reward pass's micro-batches
           ),
         ),
       )
