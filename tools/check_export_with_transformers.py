@@ -32,7 +32,6 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT_PY = os.path.join(REPO, ".venv", "bin", "python")
-LOGIT_ATOL = 2e-4  # as tests/test_parity.py
 SCORE_ATOL = 1e-4
 PAD_MULTIPLE = 16
 QUESTIONS = [
@@ -52,6 +51,7 @@ def jax_side(work: str) -> None:
   import jax.numpy as jnp
 
   from cooper_jax.models.config import ModelConfig
+  from cooper_jax.models.tolerance import float32_logit_atol
   from cooper_jax.models.transformer import forward, init_params
   from cooper_jax.tokenizer import load_tokenizer
   from cooper_jax.weights import load_pretrained, save_hf_dir
@@ -77,6 +77,10 @@ def jax_side(work: str) -> None:
     lm_logits=logits,
     lm_texts=np.asarray(json.dumps(texts)),
     lm_pad_id=np.asarray(tok.pad_id),
+    # float32 error analysis at these logits' scale (as tests/test_parity.py)
+    lm_logit_atol=np.asarray(
+      float32_logit_atol(cfg, float(np.abs(logits[mask]).max()), int(mask.sum(1).max()))
+    ),
   )
 
   # A tiny random reward model: every parameter perturbed so biases, norms and head are non-trivial.
@@ -158,6 +162,7 @@ def torch_side(work: str) -> bool:
   ok &= bool(tied) == bool(model.config.tie_word_embeddings)
 
   tokens, mask, ours = z["lm_tokens"], z["lm_mask"], z["lm_logits"]
+  atol = float(z["lm_logit_atol"])
   texts = json.loads(str(z["lm_texts"]))
   hf_tok = AutoTokenizer.from_pretrained(smol)
   same_ids = [
@@ -199,9 +204,9 @@ def torch_side(work: str) -> bool:
     d_b = float(np.max(np.abs(ref_b[mask] - ours[mask])))
   print(
     f"  SmolLM2 export: max |dlogit| over all real positions, unpadded HF {worst:.3e}; "
-    f"same left-padded batch {tokens.shape} in HF {d_b:.3e} (tolerance {LOGIT_ATOL:g})"
+    f"same left-padded batch {tokens.shape} in HF {d_b:.3e} (tolerance {atol:.2e})"
   )
-  ok &= worst < LOGIT_ATOL and d_b < LOGIT_ATOL
+  ok &= worst < atol and d_b < atol
 
   # --- tiny Qwen2 reward model
   rm_dir = os.path.join(work, RM_DIR)

@@ -1,0 +1,42 @@
+"""How far two float32 implementations of one decoder may put a logit apart.
+
+Parity checks (tests/test_parity.py, tests/test_llama3_rope.py,
+tools/check_export_with_transformers.py) compare our logits with transformers' on the same
+weights and ids. The two differ only in summation order (XLA's kernels vs PyTorch's, and
+those depend on the CPU: AVX-512 or AVX2 blocking), so the tolerance is derived from float32
+error analysis, not from one machine's rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cooper_jax.models.config import ModelConfig
+
+UNIT_ROUNDOFF = 2.0**-24  # float32
+
+
+def float32_logit_atol(cfg: ModelConfig, logit_scale: float, max_position: int) -> float:
+  """The tolerance on |logit difference| between two float32 forwards of `cfg` whose logits
+  reach `logit_scale` in magnitude, at positions up to `max_position`.
+
+  Two sources, as relative errors of the residual stream, each side its own:
+  - matmuls: one with contraction length K rounds its output by about sqrt(K) u (the
+    random-walk model of rounding errors: Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019;
+    the worst case, K u, is far looser at these sizes); each layer adds two such results
+    (attention output over n_heads * head_dim, MLP down projection over d_ff) and the LM
+    head contracts d_model;
+  - RoPE: an angle pos * inv_freq carries ~pos u of absolute rounding (the product, a 1-ulp
+    different inv_freq, the sine and cosine), which rotates q and k: ~2 pos u relative per
+    layer.
+  Independent errors add in quadrature: 2 u sqrt(sum K + n_layers (2 max_position)^2) times
+  logit_scale. Measured against it (float32 both sides, transformers on torch): SmolLM2-135M,
+  112 positions, logits to ~35: bound 5.2e-3, differences 1.4e-4 (AVX-512 EPYC) and 2.4e-4
+  (AVX2 EPYC); the 2-layer Llama-3 fixture, 300 positions, logits to 9.1: bound 9e-4,
+  difference 7.8e-5 (AVX2). What the parity tests must catch is far larger: a wrong RoPE base
+  moves SmolLM2's logits by ~4, the Llama-3 fixture's rope scaling by 11, a pad-mask error by
+  O(1).
+  """
+  k_total = cfg.n_layers * (cfg.n_heads * cfg.head_dim + cfg.d_ff) + cfg.d_model
+  rope = cfg.n_layers * (2 * max_position) ** 2
+  return 2 * UNIT_ROUNDOFF * math.sqrt(k_total + rope) * float(logit_scale)
