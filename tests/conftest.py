@@ -6,6 +6,7 @@ would log "Unable to initialize backend 'tpu'" on a CPU host); compiling for a T
 """
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -13,12 +14,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # libtpu (installed for tools/aot_compile.py) takes a machine-wide lock when loaded; the AOT
 # tests load it next to other JAX processes (other test runs, a training run).
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# Many tests start training runs as subprocesses (resume, kill -9, N processes, gs://, the
+# pipeline), most compiling the same tiny-config functions: they share XLA's persistent
+# compilation cache, one directory per user, so each function compiles once per machine. The
+# pytest process itself keeps the cache off (below): its tests read compiled executables'
+# memory and cost analyses, which must come from a fresh compile.
+os.environ.setdefault(
+  "JAX_COMPILATION_CACHE_DIR",
+  os.path.join(tempfile.gettempdir(), f"cooper_jax_test_xla_cache_{os.getuid()}"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import pytest  # noqa: E402  (after the environment above: jax reads it at import)
+import jax  # noqa: E402  (after the environment above: jax reads it at import)
+import pytest  # noqa: E402
+
+jax.config.update("jax_enable_compilation_cache", False)
 
 TINY_CONFIG = str(Path(__file__).resolve().parents[1] / "experiments" / "tiny.py")
 
