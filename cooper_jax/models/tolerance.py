@@ -31,9 +31,9 @@ def float32_logit_atol(cfg: ModelConfig, logit_scale: float, max_position: int) 
     layer.
   Independent errors add in quadrature: 2 u sqrt(sum K + n_layers (2 max_position)^2) times
   logit_scale. Measured against it (float32 both sides, transformers on torch): SmolLM2-135M,
-  112 positions, logits to ~35: bound 5.2e-3, differences 1.4e-4 (AVX-512 EPYC) and 2.4e-4
-  (AVX2 EPYC); the 2-layer Llama-3 fixture, 300 positions, logits to 9.1: bound 9e-4,
-  difference 7.8e-5 (AVX2). What the parity tests must catch is far larger: a wrong RoPE base
+  112 positions, logits to ~35: bound 5.2e-3, difference 2.4e-4 on an AVX2 EPYC (below the
+  old hand-set 2e-4 on AVX-512 ones); the 2-layer Llama-3 fixture, 300 positions, logits to
+  9.1: bound 9e-4, difference 7.8e-5 (AVX2). What the parity tests must catch is far larger: a wrong RoPE base
   moves SmolLM2's logits by ~4, the Llama-3 fixture's rope scaling by 11, a pad-mask error by
   O(1).
   """
