@@ -234,6 +234,37 @@ def test_token_logprob_is_log_softmax_at_the_token():
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
+def test_first_argmax_is_numpys_argmax_with_ties_and_nans():
+  x = np.array(
+    [[1.0, 3.0, 3.0, -np.inf], [-np.inf, -np.inf, 2.0, 2.0], [0.0, np.nan, 5.0, np.nan]],
+    np.float32,
+  )
+  got = np.asarray(sampling.first_argmax(jnp.asarray(x)))
+  np.testing.assert_array_equal(got, [1, 2, 1])  # first maximum; first NaN
+  np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_draws_are_jax_random_categoricals(per_row):
+  """The sampler's Gumbel-max draw picks the token jax.random.categorical picks from the same
+  key(s) (every recorded run's rollouts stay the same), filtered entries (-inf) never."""
+  rng = np.random.default_rng(5)
+  x = (rng.standard_normal((64, 5000)) * 3).astype(np.float32)
+  x[:, ::7] = np.finfo(np.float32).min  # what _filter_logits writes
+  x = jnp.asarray(x)
+  for seed in range(5):
+    key = jax.random.key(seed)
+    if per_row:
+      keys = jax.random.split(key, x.shape[0])
+      want = jax.vmap(jax.random.categorical)(keys, x)
+      got = sampling._gumbel_max(keys, x)  # pylint: disable=protected-access
+    else:
+      want = jax.random.categorical(key, x)
+      got = sampling._gumbel_max(key, x)  # pylint: disable=protected-access
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert not np.any(np.asarray(got) % 7 == 0)
+
+
 @pytest.mark.parametrize("decode_weights", ["sharded", "replicated"])
 def test_sampler_on_sharded_params_matches_single_device(params, decode_weights):
   assert jax.device_count() >= 8, "conftest sets an 8-device CPU platform"
