@@ -33,9 +33,9 @@ def float32_logit_atol(cfg: ModelConfig, logit_scale: float, max_position: int) 
   logit_scale. Measured against it (float32 both sides, transformers on torch): SmolLM2-135M,
   112 positions, logits to ~35: bound 5.2e-3, difference 2.4e-4 on an AVX2 EPYC (below the
   old hand-set 2e-4 on AVX-512 ones); the 2-layer Llama-3 fixture, 300 positions, logits to
-  9.1: bound 9e-4, difference 7.8e-5 (AVX2). What the parity tests must catch is far larger: a wrong RoPE base
-  moves SmolLM2's logits by ~4, the Llama-3 fixture's rope scaling by 11, a pad-mask error by
-  O(1).
+  9.1: bound 9e-4, difference 7.8e-5 (AVX2). What the parity tests must catch is far larger:
+  a wrong RoPE base moves SmolLM2's logits by ~4, the Llama-3 fixture's rope scaling by 11, a
+  pad-mask error by O(1).
   """
   k_total = cfg.n_layers * (cfg.n_heads * cfg.head_dim + cfg.d_ff) + cfg.d_model
   rope = cfg.n_layers * (2 * max_position) ** 2
