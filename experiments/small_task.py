@@ -15,6 +15,7 @@ The RM's lr is a multiple of the policy's (an ml_collections reference), so a po
 moves it too: `--set policy.optim.lr=6e-4` gives cooper 6e-3 and cooper_rmlr3x 1.8e-3. Setting
 rm.optim.lr explicitly replaces the multiple.
   cooper_rewrite                cooper with the paper's llm_rewrite negatives (the shipped assistant)
+  cooper_rewrite_rmlr1x         ... with the RM's lr at 1x the policy's
   cooper_rmlr{1,3,30}x          the RM's lr at 1x / 3x / 30x the policy's
   cooper_rmlr0p{1,3}x           ... and at 0.1x / 0.3x (below the ratio, toward a frozen RM)
   static_rm_planted,            the co-training positive control: an RM with a planted blind spot
@@ -38,6 +39,15 @@ SHIPPED = Path(__file__).resolve().parent / "assets" / "small_task"
 # Values may name the artifacts directory as {work}.
 PLANTED = {"rm.model": "{work}/rm_planted"}
 WEAK = {"rm.model": "{work}/rm_weak"}
+# The paper's negative generator: the small task's assistant (tools/train_small_rewriter.py)
+# rewrites the positive, sampled by the same compiled sampler, accepted when math-verify says
+# its answer differs, up to pairs.max_tries tries.
+REWRITE = {
+  "pairs.negatives": "llm_rewrite",
+  "pairs.assistant_model": "{work}/rewriter",
+  "pairs.rewrite_format": "plain",
+  "pairs.assistant_max_new_tokens": 96,
+}
 RM_LR_RATIO = "rm_lr_ratio"  # the RM's lr as a multiple of the policy's (default 10)
 CONDITIONS = {
   "rule": ("rule", {}),
@@ -46,18 +56,10 @@ CONDITIONS = {
   "cooper_onpolicy": ("cooper", {"pairs.negatives": "on_policy"}),
   "cooper_k4": ("cooper", {"rm.updates_per_step": 4}),
   "static_rm_nostd": ("static_rm", {"policy.loss.scale_adv_by_std": False}),
-  # The paper's negative generator: the small task's assistant (tools/train_small_rewriter.py)
-  # rewrites the positive, sampled by the same compiled sampler, accepted when math-verify
-  # says its answer differs, up to pairs.max_tries tries.
-  "cooper_rewrite": (
-    "cooper",
-    {
-      "pairs.negatives": "llm_rewrite",
-      "pairs.assistant_model": "{work}/rewriter",
-      "pairs.rewrite_format": "plain",
-      "pairs.assistant_max_new_tokens": 96,
-    },
-  ),
+  "cooper_rewrite": ("cooper", REWRITE),
+  # The paper's negatives with the RM at 1x the policy's lr, where the RM alone stays stable
+  # (results/rm_lr_check): the 10x runs collapse in the RM's own optimiser.
+  "cooper_rewrite_rmlr1x": ("cooper", {**REWRITE, RM_LR_RATIO: 1}),
   # Precise positives: a rule-correct rollout is a positive only if its whole chain is right
   # (what the rule verifier's imprecision costs Cooper).
   "cooper_chainpos": ("cooper", {"pairs.positive_check": "rule+chain"}),

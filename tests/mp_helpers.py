@@ -19,7 +19,9 @@ from cooper_jax.paths import as_path
 ROOT = Path(__file__).resolve().parents[1]
 # 4 prompts x G=4: every process holds whole groups and the RM pairs split over data=4.
 COMMON = ("--config.rollout.prompts_per_step=4", "--config.train.max_to_keep=10")
-HEARTBEAT_S = 10
+# Long enough that a process starved of CPU (4 JAX processes and 2 pytest workers on CI's 2
+# cores) is not declared dead: at 10 s CI lost a 2-process test to an abort at step 1-2.
+HEARTBEAT_S = 30
 
 
 def dist_flags(i, port, n_proc) -> list[str]:
@@ -52,7 +54,10 @@ def spawn(workdir, n_proc, devices, cmd, env=None):
     JAX_PLATFORMS="cpu",
     ALLOW_MULTIPLE_LIBTPU_LOAD="1",
     **(env or {}),
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    # XLA aborts a process whose local device threads meet at a collective more than 40 s
+    # apart (the default); a starved CI machine is not a hung program.
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"
+    " --xla_cpu_collective_call_terminate_timeout_seconds=600",
   )
   port = free_port()
   procs = []
@@ -79,6 +84,17 @@ def log(workdir, i) -> str:
   return _logfile(workdir, i).read_text()
 
 
+_ERROR_MARKS = ("error", "fatal", "heartbeat", "gloo", "check failed", "terminat", "abort")
+
+
+def why(workdir, i) -> str:
+  """Process i's log for a failure message: its lines that name an error (a fatal abort prints
+  them above a long thread dump), then its last 1500 characters."""
+  text = log(workdir, i)
+  marked = [l for l in text.splitlines() if any(m in l.lower() for m in _ERROR_MARKS)]
+  return "\n".join(marked[:30]) + "\n...\n" + text[-1500:]
+
+
 def wait(procs, workdir, timeout=240):
   deadline = time.time() + timeout
   for p in procs:
@@ -87,9 +103,9 @@ def wait(procs, workdir, timeout=240):
     except subprocess.TimeoutExpired:
       for q in procs:
         q.kill()
-      pytest.fail(f"timed out; log of process 0:\n{log(workdir, 0)[-3000:]}")
+      pytest.fail(f"timed out; log of process 0:\n{why(workdir, 0)}")
   for i, p in enumerate(procs):
-    assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{log(workdir, i)[-3000:]}"
+    assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{why(workdir, i)}"
 
 
 def run(workdir, n_proc, devices, *overrides, steps, env=None):

@@ -24,6 +24,7 @@ from mp_helpers import params as _params
 from mp_helpers import run as _run
 from mp_helpers import spawn as _spawn
 from mp_helpers import wait as _wait
+from mp_helpers import why as _why
 
 from cooper_jax.metrics import read_metrics
 
@@ -34,8 +35,9 @@ def _wait_for_steps(workdir, n, procs, timeout=240):
   while time.time() < deadline:
     if metrics.exists() and len(metrics.read_text().splitlines()) >= n:
       return
-    if any(p.poll() is not None for p in procs):
-      pytest.fail(f"a process ended early:\n{_log(workdir, 0)[-3000:]}")
+    for i, p in enumerate(procs):
+      if p.poll() is not None:
+        pytest.fail(f"process {i} ended early ({p.returncode}):\n{_why(workdir, i)}")
     time.sleep(0.2)
   pytest.fail(f"fewer than {n} steps logged in {timeout} s")
 
