@@ -28,6 +28,12 @@ def test_mixed_group_by_hand():
   # squares 4 * 0.15^2 / (0.25/3) = 1.08, so explained = 1.08 / 3 = 0.36.
   r = group_signal([MIXED])
   assert r["explained"] == pytest.approx(0.36, rel=1e-5)
+  # |A|: 0.35 and 0.05 over std sqrt(0.25/3) = 0.2887, twice each: mean 0.2 / 0.2887 = 0.6928
+  assert r["mean_abs"] == pytest.approx(0.2 / np.sqrt(0.25 / 3), rel=1e-5)
+  # Dr. GRPO (no std): the deviations themselves, mean |A| 0.2; the verdict share is unchanged
+  r = group_signal([MIXED], scale_by_std=False)
+  assert r["mean_abs"] == pytest.approx(0.2, rel=1e-5)
+  assert r["explained"] == pytest.approx(0.36, rel=1e-5)
 
 
 def test_all_wrong_group_carries_weight_under_an_rm_but_not_the_rule():

@@ -9,7 +9,10 @@ advantage. Per window of steps, over the saved groups:
 - `explained`: the share of sum(A^2) explained by the rule verdict within groups (between-verdict
   sum of squares / total; 1.0 under the rule reward);
 - `all_wrong`: the share of groups with no rule-correct answer, and `all_wrong_weight` their
-  share of sum(|A|) (what the policy learns from the RM's preferences among wrong answers).
+  share of sum(|A|) (what the policy learns from the RM's preferences among wrong answers);
+- `mean_abs`: mean |A| per rollout, the scale of the policy's step (without the std
+  normalisation it is the reward's own within-group spread, so an RM whose scores differ by
+  0.05 moves the policy less than the rule's 0/1).
 
 A is the trainer's own advantage (`cooper_jax.losses.grpo_advantages`, the run's group size and
 `policy.loss.scale_adv_by_std`) of the saved `reward`s. Only the groups a run saved are read
@@ -42,12 +45,13 @@ def group_signal(groups: list[tuple[np.ndarray, np.ndarray]], scale_by_std: bool
   """groups: (rewards [G], rule_correct [G] bool) each. Returns explained, all_wrong and
   all_wrong_weight as described in the module docstring (NaN where nothing to divide)."""
   ss_total = ss_verdict = abs_total = abs_wrong = 0.0
-  n_wrong = 0
+  n_wrong = n_rows = 0
   for rewards, correct in groups:
     correct = np.asarray(correct, bool)
     adv = np.asarray(grpo_advantages(np.asarray(rewards), len(rewards), scale_by_std=scale_by_std))
     ss_total += float(np.sum(adv**2))
     abs_total += float(np.sum(np.abs(adv)))
+    n_rows += adv.size
     if not correct.any():
       n_wrong += 1
       abs_wrong += float(np.sum(np.abs(adv)))
@@ -60,6 +64,7 @@ def group_signal(groups: list[tuple[np.ndarray, np.ndarray]], scale_by_std: bool
     "explained": ss_verdict / ss_total if ss_total > 0 else nan,
     "all_wrong": n_wrong / len(groups) if groups else nan,
     "all_wrong_weight": abs_wrong / abs_total if abs_total > 0 else nan,
+    "mean_abs": abs_total / n_rows if n_rows else nan,
   }
 
 
@@ -97,10 +102,11 @@ def main(argv=None) -> dict:
   for run in a.runs:
     res = out[Path(run).name] = run_signal(Path(run), a.window)
     cells = [
-      f"{v['explained']:.2f}/{v['all_wrong']:.2f}/{v['all_wrong_weight']:.2f}"
+      f"{v['explained']:.2f}/{v['all_wrong']:.2f}/{v['all_wrong_weight']:.2f}/{v['mean_abs']:.3f}"
       for v in res["windows"].values()
     ]
-    print(f"{Path(run).name}: explained / all-wrong groups / their |A| share per window:", *cells)
+    head = "explained / all-wrong groups / their |A| share / mean |A| per window:"
+    print(f"{Path(run).name}: {head}", *cells)
     if res["partial_groups_skipped"]:
       print(f"  {res['partial_groups_skipped']} partial groups skipped")
   if a.out:
