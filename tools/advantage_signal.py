@@ -10,9 +10,10 @@ advantage. Per window of steps, over the saved groups:
   sum of squares / total; 1.0 under the rule reward);
 - `all_wrong`: the share of groups with no rule-correct answer, and `all_wrong_weight` their
   share of sum(|A|) (what the policy learns from the RM's preferences among wrong answers);
-- `mean_abs`: mean |A| per rollout, the scale of the policy's step (without the std
-  normalisation it is the reward's own within-group spread, so an RM whose scores differ by
-  0.05 moves the policy less than the rule's 0/1).
+- `mean_abs`: mean |A| per rollout. Without the std normalisation it is the reward's own
+  within-group spread. A scale shared by every step is divided out by Adam (its update is
+  g / sqrt(E[g^2])), so this is not the step size: what changes the step is how the weight
+  is spread over groups and steps (Dr. GRPO weights a group by its spread, GRPO equally).
 
 A is the trainer's own advantage (`cooper_jax.losses.grpo_advantages`, the run's group size and
 `policy.loss.scale_adv_by_std`) of the saved `reward`s. Only the groups a run saved are read
