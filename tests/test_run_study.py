@@ -132,6 +132,17 @@ def test_pick_examples_late_rewarded_rule_wrong_with_cooper_match():
   assert report.pick_examples([], cooper) == []
 
 
+def test_example_twins_pair_the_frozen_rm_with_its_co_trained_counterpart():
+  assert run_study.example_twins(["rule", "static_rm", "cooper"]) == ("static_rm", "cooper")
+  assert run_study.example_twins(["static_rm_weak", "cooper_weak", "static_rm"]) == (
+    "static_rm_weak",
+    "cooper_weak",
+  )
+  # no plain cooper: the first cooper variant next to the frozen RM (study_nostd's case)
+  conds = ["rule", "static_rm", "cooper_rewrite_rmlr1x"]
+  assert run_study.example_twins(conds) == ("static_rm", "cooper_rewrite_rmlr1x")
+
+
 def test_format_examples_handles_missing_files_and_fences():
   assert "none saved" in report.format_examples(0, None, None)
   md = report.format_examples(2, [_roll(40, "q", 0.9, False, "x ``` y")], None)
