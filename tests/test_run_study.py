@@ -133,14 +133,14 @@ def test_pick_examples_late_rewarded_rule_wrong_with_cooper_match():
 
 
 def test_example_twins_pair_the_frozen_rm_with_its_co_trained_counterpart():
-  assert run_study.example_twins(["rule", "static_rm", "cooper"]) == ("static_rm", "cooper")
-  assert run_study.example_twins(["static_rm_weak", "cooper_weak", "static_rm"]) == (
+  assert report.example_twins(["rule", "static_rm", "cooper"]) == ("static_rm", "cooper")
+  assert report.example_twins(["static_rm_weak", "cooper_weak", "static_rm"]) == (
     "static_rm_weak",
     "cooper_weak",
   )
   # no plain cooper: the first cooper variant next to the frozen RM (study_nostd's case)
   conds = ["rule", "static_rm", "cooper_rewrite_rmlr1x"]
-  assert run_study.example_twins(conds) == ("static_rm", "cooper_rewrite_rmlr1x")
+  assert report.example_twins(conds) == ("static_rm", "cooper_rewrite_rmlr1x")
 
 
 def test_format_examples_handles_missing_files_and_fences():

@@ -43,8 +43,9 @@ from cooper_jax.losses import grpo_advantages  # noqa: E402
 
 
 def group_signal(groups: list[tuple[np.ndarray, np.ndarray]], scale_by_std: bool = True) -> dict:
-  """groups: (rewards [G], rule_correct [G] bool) each. Returns explained, all_wrong and
-  all_wrong_weight as described in the module docstring (NaN where nothing to divide)."""
+  """groups: (rewards [G], rule_correct [G] bool) each. Returns explained, all_wrong,
+  all_wrong_weight and mean_abs as described in the module docstring (NaN where nothing to
+  divide)."""
   ss_total = ss_verdict = abs_total = abs_wrong = 0.0
   n_wrong = n_rows = 0
   for rewards, correct in groups:

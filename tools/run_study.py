@@ -289,18 +289,6 @@ def run_all(a, argv: list[str], runs: list[tuple[str, int]]) -> dict[tuple[str, 
 
 
 # ---------------------------------------------------------------------------------- report
-def example_twins(conditions) -> tuple[str, str]:
-  """The frozen and co-trained conditions whose rollouts examples.md sets side by side:
-  static_rm vs cooper, else the first twins (static_rm_X, cooper_X), else static_rm vs the
-  first cooper variant (cooper_rewrite_rmlr1x, ...)."""
-  twins = [("static_rm", "cooper")]
-  twins += [
-    (c, "cooper_" + c[len("static_rm_") :]) for c in conditions if c.startswith("static_rm_")
-  ]
-  twins += [("static_rm", c) for c in conditions if c.startswith("cooper_")]
-  return next(((a, b) for a, b in twins if {a, b} <= set(conditions)), twins[0])
-
-
 def report_study(a, seeds, conditions, done, t0, t_build) -> dict:
   from cooper_jax import stats  # pylint: disable=import-outside-toplevel
   from cooper_jax.io import (  # pylint: disable=import-outside-toplevel
@@ -332,7 +320,7 @@ def report_study(a, seeds, conditions, done, t0, t_build) -> dict:
   report.plot_dynamics(by_cond, out / "training_dynamics.png", "small arithmetic task")
   rm_keys = report.plot_rm_stability(by_cond, out / "rm_stability.png", "RM stability")
   s0 = seeds[0]
-  st, co = example_twins(conditions)
+  st, co = report.example_twins(conditions)
   static = report.read_rollouts(wd[st, s0]) if (st, s0) in wd else None
   coop = report.read_rollouts(wd[co, s0]) if (co, s0) in wd else None
   atomic_write_text(out / "examples.md", report.format_examples(s0, static, coop, names=(st, co)))

@@ -45,6 +45,23 @@ def color(cond: str) -> str:
   return others[sum(map(ord, cond)) % len(others)]
 
 
+def frozen_twin(condition: str) -> str | None:
+  """cooper_X's frozen twin, static_rm_X (the same RM, not co-trained); None for other names."""
+  return "static_rm_" + condition[len("cooper_") :] if condition.startswith("cooper_") else None
+
+
+def example_twins(conditions) -> tuple[str, str]:
+  """The frozen and co-trained conditions whose rollouts examples.md sets side by side:
+  static_rm vs cooper, else the first twins (static_rm_X, cooper_X), else static_rm vs the
+  first cooper variant (cooper_rewrite_rmlr1x, ...)."""
+  present = set(conditions)
+  cooper_variants = [c for c in conditions if c.startswith("cooper_")]
+  candidates = [("static_rm", "cooper")]
+  candidates += [(frozen_twin(c), c) for c in cooper_variants]
+  candidates += [("static_rm", c) for c in cooper_variants]
+  return next((p for p in candidates if set(p) <= present), candidates[0])
+
+
 def comparison_pairs(conditions) -> list[tuple[str, str]]:
   """(a, b) pairs to test as a - b: the base comparisons whose conditions are present, then each
   variant vs its own family's reference first (static_rm_* vs static_rm, others vs cooper) and
@@ -57,7 +74,7 @@ def comparison_pairs(conditions) -> list[tuple[str, str]]:
       continue
     refs = ("static_rm", "cooper") if c.startswith("static_rm") else ("cooper", "static_rm")
     pairs += [(c, r) for r in refs if r in present]
-    twin = "static_rm_" + c[len("cooper_") :] if c.startswith("cooper_") else None
+    twin = frozen_twin(c)
     if twin in present:
       pairs.append((c, twin))
     if not any(r in present for r in refs):
