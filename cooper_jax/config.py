@@ -73,6 +73,7 @@ def model_config(**extra) -> ml_collections.ConfigDict:
       dtype="float32",
       param_dtype="float32",
       remat="projections",  # or "none", "full": see cooper_jax/models/__init__.py
+      attn_chunk_bytes=0,  # attention in chunks of rows (a CPU setting): transformer.attend
       **extra,
     )
   )

@@ -7,7 +7,7 @@ import pytest
 
 from cooper_jax import sampling, sharding
 from cooper_jax.models.config import ModelConfig
-from cooper_jax.models.transformer import forward, init_params
+from cooper_jax.models.transformer import attend, forward, init_params
 from cooper_jax.prompts import left_pad
 from cooper_jax.sampling import sample
 
@@ -332,3 +332,38 @@ def test_bf16_compute_close_to_fp32(params):
   bf16 = forward(TINY.replace(dtype="bfloat16"), params, toks, mask)
   assert bf16.dtype == jnp.float32
   assert float(jnp.max(jnp.abs(f32 - bf16) * mask[..., None])) < 0.1
+
+
+def test_attention_in_chunks_of_rows_equals_one_piece():
+  """attend(chunk_bytes): rows in chunks of about chunk_bytes of float32 scores, the row count
+  cut to a divisor of the batch; every row's output and gradient as in one piece."""
+  b, k, g, t, s, e = 6, 2, 3, 4, 5, 8
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.standard_normal((b, k, g * t, e), np.float32))
+  kv = [jnp.asarray(rng.standard_normal((b, k, s, e), np.float32)) for _ in range(2)]
+  ok = jnp.asarray(rng.random((b, t, s)) < 0.7).at[:, :, 0].set(True)
+  row_bytes = 4 * k * g * t * s
+
+  def loss(q, chunk):
+    out = attend(q, *kv, ok, g, jnp.float32, chunk)
+    return jnp.sum(out * jnp.arange(out.size, dtype=jnp.float32).reshape(out.shape) / out.size)
+
+  want, want_g = attend(q, *kv, ok, g, jnp.float32), jax.grad(loss)(q, 0)
+  # 4 rows a chunk asked: 6 rows run as 2 chunks of 3; 1 byte: 6 chunks of 1 row.
+  for chunk in (4 * row_bytes, 1):
+    np.testing.assert_allclose(attend(q, *kv, ok, g, jnp.float32, chunk), want, atol=1e-6)
+    np.testing.assert_allclose(jax.grad(loss)(q, chunk), want_g, atol=1e-6)
+  # Teeth: a masked slot opened changes the rows that see it.
+  ok2 = ok.at[2, :, 1].set(~ok[2, :, 1])
+  moved = np.abs(np.asarray(attend(q, *kv, ok2, g, jnp.float32, 1) - want)).max(axis=(1, 2, 3))
+  assert moved[2] > 1e-3 and np.all(moved[[0, 1, 3, 4, 5]] == 0)
+
+
+def test_chunked_attention_forward_equals_one_piece(params):
+  """The no-cache path (prefill, the RM's forward) with attention in one-row chunks."""
+  toks, mask = _left_pad(ROWS, 8)
+  want = forward(TINY, params, toks, mask)
+  got = forward(TINY.replace(attn_chunk_bytes=1), params, toks, mask)
+  np.testing.assert_allclose(got, want, atol=2e-5)
+  with pytest.raises(ValueError, match="attn_chunk_bytes"):
+    TINY.replace(attn_chunk_bytes=-1)

@@ -272,11 +272,11 @@ def _unbalanced_policy_batch(b=16, n=6):
   return batch
 
 
-def _one_policy_step(batch, loss_cfg, mesh, **kw):
+def _one_policy_step(batch, loss_cfg, mesh, cfg=TINY, **kw):
   params = init_params(TINY, jax.random.key(0))
   opt = _optim()
   state = sharding.shard_tree(steps.init_state(params, opt), mesh)
-  step = steps.make_policy_step(TINY, loss_cfg, opt, mesh, state, batch, **kw)
+  step = steps.make_policy_step(cfg, loss_cfg, opt, mesh, state, batch, **kw)
   state, metrics = step(state, batch)
   return jax.device_get(state), jax.device_get(metrics)
 
@@ -528,3 +528,23 @@ def test_policy_step_with_shared_prompts_equals_per_row(micro):
   got = np.asarray(steps.make_logprob_fn(TINY, mesh, params, prompt_group=4, **kw)(params, lp))
   m = batch["response_mask"]
   np.testing.assert_allclose(got[m], want[m], rtol=0, atol=1e-5 * np.abs(want[m]).max())
+
+
+def test_chunked_attention_on_8_devices_equals_one_device_in_one_piece():
+  """ModelConfig.attn_chunk_bytes (attention in chunks of rows; here one row a chunk, 16
+  chunks over the 4 devices that hold rows) changes neither the policy step (shared prompts:
+  the cache path) nor the reference log-probs: each row's attention is computed as it is
+  in one piece, and a chunk's rows stay spread over the devices."""
+  batch = _grouped_policy_batch()
+  one_dev = sharding.make_mesh(devices=jax.devices()[:1])
+  mesh = sharding.make_mesh(**MESH8)
+  chunked = TINY.replace(attn_chunk_bytes=1)
+  want = _one_policy_step(batch, LOSS, one_dev, prompt_group=4)
+  got = _one_policy_step(batch, LOSS, mesh, cfg=chunked, prompt_group=4)
+  _assert_same_step(want, got)
+  lp = {k: batch[k] for k in ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")}
+  params = init_params(TINY, jax.random.key(0))
+  ref = np.asarray(steps.make_logprob_fn(TINY, one_dev, params)(params, lp))
+  out = np.asarray(steps.make_logprob_fn(chunked, mesh, params)(params, lp))  # no-cache path
+  m = batch["response_mask"]
+  np.testing.assert_allclose(out[m], ref[m], rtol=0, atol=1e-5 * np.abs(ref[m]).max())

@@ -120,9 +120,9 @@ def hf_config_for(source: str) -> dict[str, Any]:
 
 
 def model_config(mc, head: str) -> ModelConfig:
-  """ModelConfig for a policy/rm sub-config, as weights.load_from_config builds it (dtype,
-  param_dtype and remat from the sub-config)."""
-  kw = dict(dtype=mc.dtype, param_dtype=mc.param_dtype, remat=mc.remat)
+  """ModelConfig for a policy/rm sub-config, as weights.load_from_config builds it
+  (ModelConfig.section_overrides from the sub-config)."""
+  kw = ModelConfig.section_overrides(mc)
   try:
     if mc.model == "random":
       return ModelConfig(**mc.random_model.to_dict(), head=head, **kw)

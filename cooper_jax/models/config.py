@@ -86,6 +86,9 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: str = "projections"
+  # Bytes of float32 attention scores per chunk of batch rows (0 = the whole batch at once):
+  # see transformer.attend. A CPU setting: on accelerators one large call is faster.
+  attn_chunk_bytes: int = 0
   bos_id: int | None = None
   eos_id: int | None = None
   pad_id: int | None = None
@@ -114,6 +117,10 @@ class ModelConfig:
       object.__setattr__(self, "remat", "full" if self.remat else "none")
     if self.remat not in REMAT_CHOICES:
       raise ValueError(f"ModelConfig.remat must be one of {REMAT_CHOICES}, got {self.remat!r}")
+    if not isinstance(self.attn_chunk_bytes, int) or self.attn_chunk_bytes < 0:
+      raise ValueError(
+        f"ModelConfig.attn_chunk_bytes must be an int >= 0, got {self.attn_chunk_bytes!r}"
+      )
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(
@@ -127,6 +134,16 @@ class ModelConfig:
   @property
   def jnp_param_dtype(self):
     return _DTYPES[self.param_dtype]
+
+  @staticmethod
+  def section_overrides(mc) -> dict[str, Any]:
+    """The fields a run config's policy / rm section sets on the model it loads."""
+    return dict(
+      dtype=mc.dtype,
+      param_dtype=mc.param_dtype,
+      remat=mc.remat,
+      attn_chunk_bytes=mc.get("attn_chunk_bytes", 0),
+    )
 
   def replace(self, **kw) -> ModelConfig:
     return dataclasses.replace(self, **kw)

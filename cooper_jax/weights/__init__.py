@@ -58,9 +58,9 @@ def load_pretrained(
 
 def load_from_config(mc, head: str, seed: int) -> tuple[ModelConfig, dict, str]:
   """(config, params, tokenizer source) for a run config's policy or RM sub-config `mc`
-  (fields model, tokenizer, random_model, dtype, param_dtype, remat). `model="random"` builds
+  (fields model, tokenizer, random_model and ModelConfig.section_overrides'). `model="random"` builds
   a randomly initialised model of `mc.random_model`'s shape from `seed`."""
-  overrides = dict(dtype=mc.dtype, param_dtype=mc.param_dtype, remat=mc.remat)
+  overrides = ModelConfig.section_overrides(mc)
   if mc.model == "random":
     import jax  # pylint: disable=import-outside-toplevel
 
