@@ -58,8 +58,9 @@ def load_pretrained(
 
 def load_from_config(mc, head: str, seed: int) -> tuple[ModelConfig, dict, str]:
   """(config, params, tokenizer source) for a run config's policy or RM sub-config `mc`
-  (fields model, tokenizer, random_model and ModelConfig.section_overrides'). `model="random"` builds
-  a randomly initialised model of `mc.random_model`'s shape from `seed`."""
+  (fields model, tokenizer, random_model and those ModelConfig.section_overrides reads).
+  `model="random"` builds a randomly initialised model of `mc.random_model`'s shape from
+  `seed`."""
   overrides = ModelConfig.section_overrides(mc)
   if mc.model == "random":
     import jax  # pylint: disable=import-outside-toplevel
