@@ -101,6 +101,12 @@ def base_config() -> ml_collections.ConfigDict:
   # reference pass, not G times (logprobs.response_logprobs); the same log-probs up to float
   # rounding. Off only to compare.
   c.policy.share_prompt = True
+  # Identical rollouts of a step (same prompt, tokens and advantage) run once in the policy
+  # step and the reference pass, weighted by their count (steps.policy_loss_fn): the same
+  # loss, gradient and metrics up to float rounding, for fewer rows when the policy repeats
+  # itself. Rows padded to a multiple of 16 (fewer shapes to compile). Whole-batch updates
+  # only (micro_batch_size, logprob_micro_batch_size and ppo_mini_batch_size 0).
+  c.policy.merge_duplicate_rows = False
   # PPO: passes over each rollout batch and rows per update (0 = the whole batch). One epoch
   # of one mini-batch is the on-policy GRPO update; more reuse the rollouts, clipped against
   # the sampler's log-probs.
@@ -122,6 +128,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.rm.optim = optim_config(1e-5, warmup_steps=0)
   c.rm.micro_batch_size = 0  # rows (pairs for 'bt') per rm_step micro-batch; 0 = whole batch
   c.rm.score_micro_batch_size = 0  # rows per forward micro-batch of the RM reward; 0 = all
+  # Equal (question, reference, response) rows of an RM reward call scored once (the same
+  # rewards; rows padded to a multiple of 16, so fewer shapes compile). Needs
+  # score_micro_batch_size 0.
+  c.rm.merge_duplicate_rows = False
   # cooper: RM steps per policy step on the step's pairs (1 = the paper; more: beyond it).
   c.rm.updates_per_step = 1
 
@@ -313,6 +323,19 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError(
       f"config.policy.share_prompt must be True or False, got {c.policy.share_prompt!r}"
     )
+  merged = [("policy", k) for k in ("micro_batch_size", "logprob_micro_batch_size")]
+  merged += [("policy", "ppo_mini_batch_size"), ("rm", "score_micro_batch_size")]
+  for section, key in merged:
+    if not isinstance(c[section].merge_duplicate_rows, bool):
+      raise ValueError(
+        f"config.{section}.merge_duplicate_rows must be True or False, got "
+        f"{c[section].merge_duplicate_rows!r}"
+      )
+    if c[section].merge_duplicate_rows and c[section][key]:
+      raise ValueError(
+        f"config.{section}.merge_duplicate_rows needs whole batches: config.{section}.{key}="
+        f"{c[section][key]} must be 0 (or set config.{section}.merge_duplicate_rows=False)"
+      )
   if not isinstance(c.rollout.grow_cache, bool):
     raise ValueError(
       f"config.rollout.grow_cache must be True or False, got {c.rollout.grow_cache!r}"

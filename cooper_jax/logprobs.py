@@ -85,6 +85,8 @@ def response_logprobs(
   chunk: int = 0,
   temperature: float = 1.0,
   prompt_group: int = 1,
+  prompt_index=None,
+  n_prompts: int = 0,
 ):
   """log p(response token | everything before it): [b, n], float32, under softmax(logits / T)
   with T = logit_temperature(temperature) (the distribution the sampler drew from).
@@ -95,10 +97,27 @@ def response_logprobs(
   prompt_group = G > 1: rows g * G .. g * G + G - 1 share one prompt (a GRPO batch in its
   sampled order), which then runs once per group (`Transformer.hidden_shared_prompt`): the
   same log-probs up to float rounding, for a fraction of the prompt positions' work.
+  prompt_index [b] (int, with n_prompts > 0, static): row i answers prompt prompt_index[i] of
+  n_prompts, each of which occurs in the batch (any number of rows per prompt, in any order:
+  a batch whose duplicate rows were merged); the n_prompts prompts run once each.
   """
   model = Transformer(model_cfg)
   p, n = prompt_tokens.shape[1], response_tokens.shape[1]
-  if prompt_group > 1:
+  if prompt_index is not None and n_prompts > 0:
+    # The first row of each prompt: [n_prompts] row indices (every prompt has a row).
+    first_row = jnp.argmax(prompt_index[None, :] == jnp.arange(n_prompts)[:, None], axis=1)
+    pick = lambda x: jnp.take(x, first_row, axis=0)
+    h_ppd, h_bnd = model.apply(
+      {"params": params},
+      pick(prompt_tokens),
+      pick(prompt_mask).astype(bool),
+      response_tokens,
+      response_mask.astype(bool),
+      prompt_index,
+      method=Transformer.hidden_shared_prompt,
+    )
+    h_in = jnp.concatenate([jnp.take(h_ppd[:, -1:], prompt_index, axis=0), h_bnd[:, : n - 1]], 1)
+  elif prompt_group > 1:
     b = prompt_tokens.shape[0]
     if b % prompt_group:
       raise ValueError(f"prompt_group={prompt_group} does not divide the batch's {b} rows")

@@ -37,7 +37,7 @@ def masked_mean(x, mask, axis=None):
   return total / jnp.maximum(jnp.sum(mask, axis=axis), 1.0)
 
 
-def agg_loss(loss_bt, mask_bt, agg: str = "token_mean"):
+def agg_loss(loss_bt, mask_bt, agg: str = "token_mean", row_weight_b=None):
   """Reduce a per-token loss matrix to a scalar, as verl's `agg_loss`.
 
   token_mean:          sum(loss * mask) / sum(mask) over the whole batch (paper setting;
@@ -46,6 +46,8 @@ def agg_loss(loss_bt, mask_bt, agg: str = "token_mean"):
   seq_mean_token_sum:  mean over the B rows of each row's token sum (Dr.GRPO-style).
   Both seq modes average over all B rows like verl's torch.mean; a row with no tokens
   contributes 0 (verl would produce NaN for it in seq_mean_token_mean).
+  row_weight_b [B]: row i stands for row_weight_b[i] identical rows (a merged batch), and
+  mask_bt is already scaled by it; the seq modes then divide by sum(row_weight_b), not B.
   """
   agg = agg.replace("-", "_")
   mask_bt = mask_bt.astype(jnp.float32)
@@ -53,10 +55,17 @@ def agg_loss(loss_bt, mask_bt, agg: str = "token_mean"):
     return masked_mean(loss_bt, mask_bt)
   row_sum_b = jnp.sum(jnp.where(mask_bt > 0, loss_bt * mask_bt, 0.0), axis=-1)
   if agg == "seq_mean_token_sum":
-    return jnp.mean(row_sum_b)
+    return jnp.mean(row_sum_b) if row_weight_b is None else jnp.sum(row_sum_b) / _rows(row_weight_b)
   if agg == "seq_mean_token_mean":
-    return jnp.mean(row_sum_b / jnp.maximum(jnp.sum(mask_bt, axis=-1), 1.0))
+    row_mean_b = row_sum_b / jnp.maximum(jnp.sum(mask_bt, axis=-1), 1.0)
+    if row_weight_b is None:
+      return jnp.mean(row_mean_b)
+    return jnp.sum(row_mean_b * row_weight_b) / _rows(row_weight_b)
   raise ValueError(f"unknown agg {agg!r}; expected one of {AGG_MODES}")
+
+
+def _rows(row_weight_b):
+  return jnp.maximum(jnp.sum(jnp.asarray(row_weight_b, jnp.float32)), 1.0)
 
 
 def grpo_advantages(
@@ -101,12 +110,14 @@ def ppo_clip_loss(
   clip_eps_high: float | None = None,
   dual_clip_c: float | None = 3.0,
   agg: str = "token_mean",
+  row_weight_b=None,
 ):
   """verl's vanilla PPO/GRPO policy loss. Returns (loss, metrics).
 
   adv_b is one advantage per response ([B]) broadcast to every token; a per-token [B, T]
   array is accepted too.  clip_eps_high=None means symmetric clipping (DAPO clip-higher
-  otherwise).  dual_clip_c=None disables the dual clip.
+  otherwise).  dual_clip_c=None disables the dual clip.  row_weight_b: see `agg_loss` (the
+  token metrics are means under mask_bt, which carries the weights).
   """
   logp_bt = logp_bt.astype(jnp.float32)
   old_logp_bt = jax.lax.stop_gradient(old_logp_bt.astype(jnp.float32))
@@ -137,7 +148,7 @@ def ppo_clip_loss(
     loss_bt = clipped_bt
     dual_hit_bt = jnp.zeros_like(loss_bt)
 
-  loss = agg_loss(loss_bt, mask_bt, agg)
+  loss = agg_loss(loss_bt, mask_bt, agg, row_weight_b)
   sg = jax.lax.stop_gradient
   metrics = {
     "pg_loss": sg(loss),
@@ -186,12 +197,13 @@ def policy_loss(
   clip_eps_high: float | None = None,
   dual_clip_c: float | None = 3.0,
   agg: str = "token_mean",
+  row_weight_b=None,
 ):
   """GRPO actor loss = pg_loss + kl_coef * agg(kl_penalty), as verl's use_kl_loss path.
 
   kl_coef must be a Python number (static).  With kl_coef == 0 the caller may skip the
   reference forward pass and pass ref_logp_bt=None.  The KL term uses the same `agg` mode
-  as the pg term, as in verl.  Returns (loss, metrics).
+  as the pg term, as in verl.  row_weight_b: see `agg_loss`.  Returns (loss, metrics).
   """
   loss, metrics = ppo_clip_loss(
     logp_bt,
@@ -202,11 +214,12 @@ def policy_loss(
     clip_eps_high=clip_eps_high,
     dual_clip_c=dual_clip_c,
     agg=agg,
+    row_weight_b=row_weight_b,
   )
   if ref_logp_bt is None:
     assert kl_coef == 0, "ref_logp_bt is None but kl_coef != 0"
     return loss, metrics
-  kl_loss = agg_loss(kl_penalty(logp_bt, ref_logp_bt, kl_kind), mask_bt, agg)
+  kl_loss = agg_loss(kl_penalty(logp_bt, ref_logp_bt, kl_kind), mask_bt, agg, row_weight_b)
   metrics = dict(metrics, kl_loss=jax.lax.stop_gradient(kl_loss))
   loss = loss + kl_coef * kl_loss
   metrics["loss"] = jax.lax.stop_gradient(loss)

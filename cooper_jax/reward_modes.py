@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from cooper_jax import distributed as dist
-from cooper_jax import optim, registry, sharding, steps
+from cooper_jax import merge, optim, registry, sharding, steps
 from cooper_jax.io import read_jsonl
 from cooper_jax.metrics import reward_hacking_monitors
 from cooper_jax.prompts import encode_rm_inputs, widen_left
@@ -115,7 +115,20 @@ class StaticRMReward(RuleReward):
   def score(self, questions, refs, texts, n_total: int | None = None) -> tuple[np.ndarray, int]:
     """(reward in (0, 1) per text, number of RM inputs cut to rm.max_len). n_total=None: the
     texts are the same on every process (held-out pairs); else they are this process's rows
-    of a batch of n_total, and the rewards returned are those rows'."""
+    of a batch of n_total, and the rewards returned are those rows'. With
+    rm.merge_duplicate_rows equal (question, reference, text) rows are scored once."""
+    slot = None
+    if self.c.rm.merge_duplicate_rows:
+      n = len(texts)
+      keep, slot = merge.distinct_items(list(zip(questions, refs, texts)))
+      n_dev = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+      if n_total is None:
+        rows = merge.padded_rows(len(keep), n, n_dev)
+      else:  # this process's rows; every process then pads to the largest count
+        procs = dist.process_count()
+        rows = dist.max_over_processes(merge.padded_rows(len(keep), n, max(1, n_dev // procs)))
+        n_total = rows * procs
+      questions, refs, texts = zip(*(keep + keep[:1] * (rows - len(keep))))
     tok, mask, cut = encode_rm_inputs(
       self.tokenizer, questions, refs, texts, self.c.rm.max_len, pad_to_multiple=RM_PAD_MULTIPLE
     )
@@ -130,6 +143,8 @@ class StaticRMReward(RuleReward):
       )
     r = self.reward_fn(self.state["params"], tok, mask)
     r = dist.fetch(r) if n_total is None else dist.fetch_local_rows(r)
+    if slot is not None:
+      return r[slot], int(cut[slot].sum())
     return r, int(cut.sum())
 
   def rewards(self, ro: Rollouts) -> tuple[np.ndarray, dict]:

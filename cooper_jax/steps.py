@@ -102,7 +102,9 @@ def resolve(tree):
   return jax.tree.map(lambda x: x.value if _is_stat(x) else x, tree, is_leaf=_is_stat)
 
 
-def _logprobs(model_cfg, params, batch, chunk: int = 0, temperature: float = 1.0, group: int = 1):
+def _logprobs(
+  model_cfg, params, batch, chunk: int = 0, temperature: float = 1.0, group: int = 1, n_prompts=0
+):
   return response_logprobs(
     model_cfg,
     params,
@@ -113,6 +115,8 @@ def _logprobs(model_cfg, params, batch, chunk: int = 0, temperature: float = 1.0
     chunk=chunk,
     temperature=temperature,
     prompt_group=group,
+    prompt_index=batch.get("prompt_index"),
+    n_prompts=n_prompts,
   )
 
 
@@ -136,14 +140,22 @@ def policy_loss_fn(
   logprob_chunk: int = 0,
   temperature: float = 1.0,
   prompt_group: int = 1,
+  n_prompts: int = 0,
 ):
   """(Mean loss, metrics of Mean / Sum) on `batch`, see `make_train_step`; log-probs at the
-  rollout temperature (logprobs.logit_temperature); prompt_group: rows per shared prompt
-  (logprobs.response_logprobs)."""
-  logp = _logprobs(model_cfg, params, batch, logprob_chunk, temperature, prompt_group)
+  rollout temperature (logprobs.logit_temperature); prompt_group, n_prompts and the batch's
+  optional prompt_index: which rows share a prompt (logprobs.response_logprobs).
+
+  A batch with "row_weight" [b] holds each distinct row once, weighted by how many times it
+  occurred (`merge_duplicate_rows`): every token sum, mean and row count then counts a row
+  weight times, so loss, gradient and metrics are the unmerged batch's up to float rounding."""
+  logp = _logprobs(model_cfg, params, batch, logprob_chunk, temperature, prompt_group, n_prompts)
   old = batch.get("old_logp")
   old = jax.lax.stop_gradient(logp) if old is None else old
+  weight = batch.get("row_weight")
   resp_mask = batch["response_mask"].astype(jnp.float32)
+  if weight is not None:
+    resp_mask = resp_mask * weight.astype(jnp.float32)[:, None]
   loss, metrics = losses.policy_loss(
     logp,
     old,
@@ -156,10 +168,12 @@ def policy_loss_fn(
     clip_eps_high=lc.get("clip_eps_high"),
     dual_clip_c=lc.dual_clip_c,
     agg=lc.agg,
+    row_weight_b=weight,
   )
   n_tokens = jnp.sum(resp_mask)
   # token_mean divides by the tokens; the seq_mean modes by the rows (empty ones included).
-  n_agg = n_tokens if lc.agg.replace("-", "_") == "token_mean" else float(resp_mask.shape[0])
+  n_rows = float(resp_mask.shape[0]) if weight is None else jnp.sum(weight)
+  n_agg = n_tokens if lc.agg.replace("-", "_") == "token_mean" else n_rows
   metrics = {k: Mean(v, n_agg if k in _AGG_METRICS else n_tokens) for k, v in metrics.items()}
   metrics["neg_logp_mean"] = Mean(-losses.masked_mean(logp, resp_mask), n_tokens)
   if "sampler_logp" in batch:
@@ -375,6 +389,7 @@ def make_policy_step(
   logprob_chunk: int = 0,
   temperature: float = 1.0,
   prompt_group: int = 1,
+  n_prompts: int = 0,
 ):
   """Returns jitted `policy_step(state, batch) -> (state, metrics)` for batches shaped like
   `batch_like` (the set of keys fixes whether old_logp/ref_logp are used). micro_batch_size:
@@ -383,12 +398,16 @@ def make_policy_step(
   temperature: the rollout's (`rollout.temperature`); log-probs, hence the PPO ratio and the
   KL, are taken under softmax(logits / T), the distribution the sampler drew from.
   prompt_group = G: the batch's rows come in groups of G that share a prompt (GRPO's order),
-  so each prompt runs once per group (per micro-batch: `micro_prompt_group`); 1 = no sharing."""
+  so each prompt runs once per group (per micro-batch: `micro_prompt_group`); 1 = no sharing.
+  n_prompts > 0: batches carry prompt_index [b] (row i answers prompt prompt_index[i] of
+  n_prompts; any rows per prompt) and row_weight [b]: a batch whose duplicate rows were
+  merged (`merge_duplicate_rows`), each prompt run once; whole-batch steps only."""
   if (loss_cfg.kl_coef > 0) != ("ref_logp" in batch_like):
     raise ValueError("policy batch must carry ref_logp exactly when kl_coef > 0")
-  group = micro_prompt_group(
-    prompt_group, micro_count(_leading_dim(batch_like), micro_batch_size, mesh)
-  )
+  k = micro_count(_leading_dim(batch_like), micro_batch_size, mesh)
+  if n_prompts and k > 1:
+    raise ValueError("a merged batch (n_prompts > 0) runs as one micro-batch")
+  group = micro_prompt_group(prompt_group, k)
   return make_train_step(
     lambda p, b: policy_loss_fn(
       model_cfg,
@@ -398,6 +417,7 @@ def make_policy_step(
       logprob_chunk=logprob_chunk,
       temperature=temperature,
       prompt_group=group,
+      n_prompts=n_prompts,
     ),
     optimizer,
     mesh,
@@ -440,18 +460,23 @@ def make_logprob_fn(
   logprob_chunk: int = 0,
   temperature: float = 1.0,
   prompt_group: int = 1,
+  n_prompts: int = 0,
 ):
   """Jitted forward-only `(params, batch) -> logp [b, n]` of the response tokens (old or
   reference log-probs) at the rollout temperature, as in `make_policy_step`; `batch` carries
-  the four prompt/response arrays. Micro-batches run one after another, so peak memory is one
-  micro-batch's forward. prompt_group: rows per shared prompt, as in `make_policy_step`."""
+  the four prompt/response arrays (and prompt_index with n_prompts > 0). Micro-batches run one
+  after another, so peak memory is one micro-batch's forward. prompt_group, n_prompts: which
+  rows share a prompt, as in `make_policy_step`."""
   keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
+  keys += ("prompt_index",) if n_prompts else ()
 
   def logprob_fn(params, batch):
     k = micro_count(_leading_dim(batch), micro_batch_size, mesh)
+    if n_prompts and k > 1:
+      raise ValueError("a merged batch (n_prompts > 0) runs as one micro-batch")
     group = micro_prompt_group(prompt_group, k)
     one = lambda *arrays: _logprobs(
-      model_cfg, params, dict(zip(keys, arrays)), logprob_chunk, temperature, group
+      model_cfg, params, dict(zip(keys, arrays)), logprob_chunk, temperature, group, n_prompts
     )
     return _map_micro(one, mesh, micro_batch_size, *(batch[k] for k in keys))
 
@@ -459,7 +484,7 @@ def make_logprob_fn(
     logprob_fn,
     in_shardings=(
       sharding.tree_shardings(params, mesh),
-      {k: sharding.batch_sharding(mesh) for k in keys},
+      {k: sharding.batch_sharding(mesh, 1 if k == "prompt_index" else 2) for k in keys},
     ),
     out_shardings=sharding.batch_sharding(mesh),
   )

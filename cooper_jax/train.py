@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from cooper_jax import config as config_lib
 from cooper_jax import distributed as dist
-from cooper_jax import losses, optim, sharding, steps
+from cooper_jax import losses, merge, optim, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa
 from cooper_jax.evaluate import evaluate_model
@@ -77,6 +77,11 @@ class Run:
     # Rows per shared prompt in the policy batches: `rollout` returns each prompt's G rows
     # together (np.repeat of the prompts), the order the policy step keeps.
     self.prompt_group = self.group if c.policy.share_prompt else 1
+    # Merged batches (config policy.merge_duplicate_rows) say each row's prompt by index.
+    self.merge = c.policy.merge_duplicate_rows
+    self.n_prompts = c.rollout.prompts_per_step if self.merge and c.policy.share_prompt else 0
+    if self.merge:
+      self.prompt_group = 1
 
     self.policy_cfg, policy_params, self.tok_src = load_from_config(c.policy, "lm", c.seed)
     self.tokenizer = load_tokenizer(self.tok_src)
@@ -99,6 +104,7 @@ class Run:
       logprob_chunk=c.policy.logprob_chunk,
       temperature=c.rollout.temperature,
       prompt_group=self.prompt_group,
+      n_prompts=self.n_prompts,
     )
     self._policy_step = None
 
@@ -231,6 +237,7 @@ class Run:
         logprob_chunk=c.policy.logprob_chunk,
         temperature=c.rollout.temperature,
         prompt_group=group,
+        n_prompts=self.n_prompts,
       )
     lr = float(self.policy_lr(int(self.policy_state["step"])))  # the lr of the first update
     per_update = []
@@ -269,6 +276,10 @@ class Run:
       "response_tokens": _first_columns(out.tokens.astype(jnp.int32), w),
       "response_mask": _first_columns(out.mask, w),
     }
+    if self.merge:  # distinct rows only, on every process alike
+      resp = dist.gather_rows(own, out_tok[:, :w], n)
+      merger = merge.MergedStep(self.mesh, self.group, self.n_prompts, tok, mask, resp, resp_len)
+      batch = merger.ref_batch()
     if self.ref_params is not None:
       # Dispatched now (asynchronously): the reference pass needs only the tokens, so it runs
       # on the devices while the host decodes, verifies and scores.
@@ -299,9 +310,14 @@ class Run:
     adv = losses.grpo_advantages(
       jnp.asarray(rewards), group, scale_by_std=c.policy.loss.scale_adv_by_std
     )
-    rows_sh = sharding.batch_sharding(self.mesh, 1)
-    batch["advantages"] = dist.put_global(np.asarray(adv, np.float32), rows_sh)
-    batch["sampler_logp"] = _first_columns(out.logprobs.astype(jnp.float32), w)
+    adv = np.asarray(adv, np.float32)
+    sampler_logp = _first_columns(out.logprobs.astype(jnp.float32), w)
+    if self.merge:
+      batch = merger.policy_batch(adv, sampler_logp, batch.get("ref_logp"))
+      m["policy/rows"], m["policy/distinct_rows"] = merger.rows, merger.distinct
+    else:
+      batch["advantages"] = dist.put_global(adv, sharding.batch_sharding(self.mesh, 1))
+      batch["sampler_logp"] = sampler_logp
     m.update(self.policy_update(batch, step))
     m["policy/response_width"] = w
     m["rollout/prompt_width"] = int(tok.shape[1])

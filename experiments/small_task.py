@@ -97,6 +97,10 @@ def get_config(arg: str = "cooper"):
   # up to float32 rounding) and prompts padded to multiples of 16 tokens, not 32 (the prompts
   # are 30-73 tokens): cheaper steps on a CPU (BUILD.md, "The small-task step").
   c.policy.attn_chunk_bytes = c.rm.attn_chunk_bytes = 1 << 20
+  # A group's rollouts repeat one another (about half of them in the studies): the policy step,
+  # the reference pass and the RM reward run each distinct one once, the policy's weighted by
+  # its count (the same loss, gradient and rewards up to float32 rounding; cooper_jax/merge.py).
+  c.policy.merge_duplicate_rows = c.rm.merge_duplicate_rows = True
   c.data.train = f"{work}/data/train.jsonl"
   c.data.eval = f"{work}/data/test.jsonl"
   c.data.eval_limit = 100

@@ -225,3 +225,22 @@ def test_llm_rewrite_two_processes_match_one(tmp_path):
   diffs = np.concatenate([d.astype(np.float64) for d in diffs])
   print(f"parameters + optimizer state: max |diff| {diffs.max():.3g}")
   assert diffs.max() < 1e-4 and (diffs > 1e-5).sum() <= 10  # the bounds of the test above
+
+
+def test_merged_rows_two_processes_match_one_unmerged(tmp_path):
+  """Greedy rollouts (each group's G samples equal, so the policy step runs one row a prompt
+  at weight G and the RM scores one), 2 processes x 2 devices with rows merged, against
+  1 process x 4 devices without: the same metrics."""
+  greedy = "--config.rollout.temperature=0.0"
+  merged = (
+    greedy,
+    "--config.policy.merge_duplicate_rows=True",
+    "--config.rm.merge_duplicate_rows=True",
+  )
+  _run(tmp_path / "two", 2, 2, *merged, steps=2)
+  _run(tmp_path / "one", 1, 4, greedy, steps=2)
+  a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+  assert [r["policy/distinct_rows"] for r in b] == [4, 4]  # 4 prompts x 4 equal samples
+  extra = ("policy/rows", "policy/distinct_rows")
+  b = [{k: v for k, v in r.items() if k not in extra} for r in b]
+  assert _max_metric_diff(a, b) < 1e-5

@@ -113,6 +113,17 @@ def test_hang_is_killed_and_pool_recovers(pool):
   assert r2.correct.all() and r2.worker_restarts == 0
 
 
+def test_equal_pairs_run_once_and_share_the_result(pool):
+  # Four copies of a hang with one reference: one item runs (one kill), all four time out.
+  r = pool.verify(["HANG"] * 4, ["1"] * 4, deadline_s=DEADLINE)
+  assert r.status == ["timeout"] * 4 and r.counts["timeout"] == 4
+  assert r.worker_restarts == 1
+  # The same text against other references keeps its own verdict, in its own place.
+  r = pool.verify(["\\boxed{2}", "\\boxed{2}", "\\boxed{3}", "\\boxed{2}"], ["2", "3", "3", "2"])
+  assert r.correct.tolist() == [True, False, True, True] and r.counts["ok"] == 4
+  assert r.pred[0] == r.pred[1] == r.pred[3]
+
+
 def test_interruptible_slow_item_needs_no_restart(pool):
   t0 = time.monotonic()
   r = pool.verify(["SLOW", "\\boxed{2}"], ["1", "2"], deadline_s=DEADLINE)

@@ -240,7 +240,8 @@ class Block(nn.Module):
   """One pre-norm decoder layer; scanned, so (carry, per-layer input) -> (carry, output).
 
   The carry is one stream x [b, t, d], or, for `Transformer.hidden_shared_prompt`, a pair
-  (prompts [P, p, d], responses [b, n, d]) with positions and masks paired the same way and
+  (prompts [P, p, d], responses [b, n, d]) with positions paired the same way, masks as
+  (prompts', responses', each row's prompt index [b] or None for G consecutive rows each) and
   cache_mask_bs the responses' full [b, p + n] mask: the layer runs once on the P prompts, then
   on the b = P * G responses, which attend over their prompt's keys/values (repeated G times)
   and their own, as a decode step of n tokens against a cache holding the prompt."""
@@ -272,14 +273,18 @@ class Block(nn.Module):
       return layer(
         x_btd, positions_bt, mask_bt, layer_cache, cache_mask_bs, cache_index, read_slots
       )
-    (x_pd, x_bnd), (pos_p, pos_b), (mask_p, mask_b) = x_btd, positions_bt, mask_bt
+    (x_pd, x_bnd), (pos_p, pos_b), (mask_p, mask_b, prompt_of_row) = x_btd, positions_bt, mask_bt
     x_pd, (k_ptke, v_ptke) = layer(x_pd, pos_p, mask_p)
     group, n, p = x_bnd.shape[0] // x_pd.shape[0], x_bnd.shape[1], x_pd.shape[1]
-    # [P, p, k, e] -> [b, k, p + n, e]: each prompt's keys/values for its G rows, then n empty
-    # slots that the responses' own keys/values fill.
-    as_cache = lambda a: jnp.pad(
-      jnp.repeat(jnp.swapaxes(a, 1, 2), group, axis=0), ((0, 0), (0, 0), (0, n), (0, 0))
-    )
+
+    def per_row(a_pk):  # each response row's prompt: G consecutive rows, or as indexed
+      if prompt_of_row is None:
+        return jnp.repeat(a_pk, group, axis=0)
+      return jnp.take(a_pk, prompt_of_row, axis=0)
+
+    # [P, p, k, e] -> [b, k, p + n, e]: each row's prompt keys/values, then n empty slots that
+    # the responses' own keys/values fill.
+    as_cache = lambda a: jnp.pad(per_row(jnp.swapaxes(a, 1, 2)), ((0, 0), (0, 0), (0, n), (0, 0)))
     x_bnd, _ = layer(x_bnd, pos_b, mask_b, (as_cache(k_ptke), as_cache(v_ptke)), cache_mask_bs, p)
     return (x_pd, x_bnd), None
 
@@ -328,23 +333,30 @@ class Transformer(nn.Module):
     x_btd, new_kv = self.layers(self.embed(tokens_bt), None, positions_bt, mask_bt, None)
     return self.final_norm(x_btd), new_kv
 
-  def hidden_shared_prompt(self, prompt_pp, prompt_mask_pp, response_bn, response_mask_bn):
+  def hidden_shared_prompt(
+    self, prompt_pp, prompt_mask_pp, response_bn, response_mask_bn, prompt_of_row_b=None
+  ):
     """Final-norm hidden states of P left-padded prompts [P, p, d] and of their b = P * G
     right-padded responses [b, n, d] (rows g * G .. g * G + G - 1 answer prompt g): what
     `hidden` gives on the concatenated [b, p + n] rows, with each prompt run once instead of
-    G times (a GRPO batch's prompt positions are G-fold copies)."""
-    group = response_bn.shape[0] // prompt_pp.shape[0]
-    if group * prompt_pp.shape[0] != response_bn.shape[0]:
-      raise ValueError(
-        f"{response_bn.shape[0]} response rows are not a multiple of {prompt_pp.shape[0]} prompts"
-      )
-    full_mask = jnp.concatenate([jnp.repeat(prompt_mask_pp, group, axis=0), response_mask_bn], 1)
+    G times (a GRPO batch's prompt positions are G-fold copies). prompt_of_row_b [b] (int):
+    row i answers prompt prompt_of_row_b[i] instead, for any number of rows per prompt."""
+    if prompt_of_row_b is not None:
+      prompt_mask_bp = jnp.take(prompt_mask_pp, prompt_of_row_b, axis=0)
+    else:
+      group = response_bn.shape[0] // prompt_pp.shape[0]
+      if group * prompt_pp.shape[0] != response_bn.shape[0]:
+        raise ValueError(
+          f"{response_bn.shape[0]} response rows are not a multiple of {prompt_pp.shape[0]} prompts"
+        )
+      prompt_mask_bp = jnp.repeat(prompt_mask_pp, group, axis=0)
+    full_mask = jnp.concatenate([prompt_mask_bp, response_mask_bn], 1)
     pos_bn = positions_from_mask(full_mask)[:, prompt_pp.shape[1] :]
     (x_pd, x_bnd), _ = self.layers(
       (self.embed(prompt_pp), self.embed(response_bn)),
       None,
       (positions_from_mask(prompt_mask_pp), pos_bn),
-      (prompt_mask_pp, response_mask_bn),
+      (prompt_mask_pp, response_mask_bn, prompt_of_row_b),
       full_mask,
     )
     return self.final_norm(x_pd), self.final_norm(x_bnd)

@@ -321,7 +321,27 @@ class RuleVerifier:
 
   # ---- scheduling ------------------------------------------------------------------------
   def _run(self, op: str, a_list: list[str], b_list: list[str], deadline_s: float):
-    """Run op on every (a, b) pair; returns (status, value, pred, detail, restarts)."""
+    """Run op on every (a, b) pair; returns (status, value, pred, detail, restarts). Equal
+    pairs run once and share the result (a GRPO group often repeats a response: in the small
+    task's studies about half of them)."""
+    if len(a_list) != len(b_list):
+      raise ValueError(f"length mismatch: {len(a_list)} vs {len(b_list)}")
+    index: dict = {}
+    slot, rep = [], []  # each pair's distinct pair; each distinct pair's first index
+    for j, (a, b) in enumerate(zip(a_list, b_list)):
+      key = (a, b) if isinstance(b, str | tuple) else (a, repr(b))
+      if key not in index:
+        index[key] = len(rep)
+        rep.append(j)
+      slot.append(index[key])
+    if len(rep) == len(a_list):
+      return self._run_each(op, a_list, b_list, deadline_s)
+    *lists, restarts = self._run_each(
+      op, [a_list[j] for j in rep], [b_list[j] for j in rep], deadline_s
+    )
+    return (*([x[u] for u in slot] for x in lists), restarts)
+
+  def _run_each(self, op: str, a_list: list[str], b_list: list[str], deadline_s: float):
     if self._closed:
       raise RuntimeError("RuleVerifier is closed")
     if len(a_list) != len(b_list):

@@ -1,0 +1,148 @@
+"""Identical rollouts of a step, run once (config `policy.merge_duplicate_rows`).
+
+A policy that has learned a problem samples the same response for it again and again: in the
+small task's studies about half of each group's rollouts repeat another one of the group. Rows
+with the same prompt, the same tokens (and, for the policy step, the same advantage) give the
+same log-probs and the same per-token loss, so the policy step and the reference pass can run
+each distinct row once with a weight (its count; `steps.policy_loss_fn`). Loss, gradient and
+metrics are then the full batch's up to float rounding.
+
+Distinct rows keep the order of their first occurrence; the merged batch is padded to a bucket
+of rows (fewer shapes to compile) with copies of its first row at weight 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cooper_jax import distributed as dist
+from cooper_jax import sharding
+
+ROW_MULTIPLE = 16  # merged batches have a multiple of this many rows (and of the devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Merged:
+  """index [m]: the original row each merged row holds (padding repeats index[0]); weight [m]:
+  how many original rows it stands for (0 for padding); inverse [n]: the merged row of each
+  original row; distinct: merged rows that are not padding."""
+
+  index: np.ndarray
+  weight: np.ndarray
+  inverse: np.ndarray
+  distinct: int
+
+
+def merge_rows(
+  prompt_of_row: np.ndarray,
+  tokens: np.ndarray,
+  lengths: np.ndarray,
+  *,
+  extra: np.ndarray | None = None,
+  n_devices: int = 1,
+) -> Merged:
+  """Rows i and j merge when they answer the same prompt, their first lengths[i] tokens are
+  equal (lengths equal too) and, with `extra`, extra[i] == extra[j] bit for bit (the advantage
+  of a policy row). The result has a multiple of lcm(ROW_MULTIPLE, n_devices) rows, at most
+  the original count."""
+  n = len(prompt_of_row)
+  if not len(tokens) == len(lengths) == n or (extra is not None and len(extra) != n):
+    raise ValueError(
+      f"merge_rows: {n} prompts, {len(tokens)} token rows, {len(lengths)} lengths"
+      + ("" if extra is None else f", {len(extra)} extra values")
+    )
+  keys = [(int(prompt_of_row[i]), tokens[i, : int(lengths[i])].tobytes()) for i in range(n)]
+  if extra is not None:
+    keys = [k + (np.asarray(x).tobytes(),) for k, x in zip(keys, extra)]
+  distinct, slot = distinct_items(keys)
+  inverse = np.asarray(slot, np.int64)
+  _, first = np.unique(inverse, return_index=True)  # each distinct row's first occurrence
+  first, counts = first.tolist(), np.bincount(inverse, minlength=len(distinct)).tolist()
+  pad = padded_rows(len(first), n, n_devices) - len(first)
+  return Merged(
+    index=np.asarray(first + [first[0]] * pad, np.int64),
+    weight=np.asarray(counts + [0] * pad, np.float32),
+    inverse=inverse,
+    distinct=len(first),
+  )
+
+
+def padded_rows(distinct: int, n: int, n_devices: int = 1) -> int:
+  """Rows of a merged batch: `distinct` rounded up to a multiple of lcm(ROW_MULTIPLE,
+  n_devices), at most the original n (and at least distinct)."""
+  multiple = math.lcm(ROW_MULTIPLE, n_devices)
+  return max(distinct, min(n, -(-distinct // multiple) * multiple))
+
+
+def distinct_items(items: list) -> tuple[list, list[int]]:
+  """(the distinct items in order of first occurrence, each item's position among them)."""
+  index: dict = {}
+  slot = [index.setdefault(x, len(index)) for x in items]
+  return list(index), slot
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def take_rows(x: jax.Array, index: jax.Array, out_sharding) -> jax.Array:
+  """x[index] along the rows, laid out as out_sharding (a device-side gather: global arrays on
+  every process, index replicated)."""
+  return jax.lax.with_sharding_constraint(jnp.take(x, index, axis=0), out_sharding)
+
+
+class MergedStep:
+  """One step's batches with identical rows merged (cooper_jax.merge): the reference pass on
+  rows distinct in (prompt, tokens), the policy step on rows distinct in (prompt, tokens,
+  advantage), each reading its reference log-probs from the first."""
+
+  def __init__(self, mesh, group: int, n_prompts: int, tok, mask, resp_tok, resp_len):
+    """tok, mask: every row's prompt [n, p] (host); resp_tok [n, w], resp_len [n]: every row's
+    response (host, all processes alike); group: rows per prompt, consecutive; n_prompts > 0:
+    the batches say each row's prompt by index (steps.make_policy_step)."""
+    self.mesh, self.n_prompts, self.tok, self.mask = mesh, n_prompts, tok, mask
+    self.resp_tok, self.resp_len = resp_tok, np.asarray(resp_len)
+    self.group_of = np.arange(len(tok)) // group
+    self.n_dev = mesh.shape["data"] * mesh.shape["fsdp"]
+    self.ref = merge_rows(self.group_of, resp_tok, self.resp_len, n_devices=self.n_dev)
+
+  def _put(self, x, ndim=2):
+    return dist.put_global(x, sharding.batch_sharding(self.mesh, ndim))
+
+  def _rows(self, idx) -> dict:
+    resp_mask = np.arange(self.resp_tok.shape[1])[None] < self.resp_len[idx, None]
+    rows = {
+      "prompt_tokens": self._put(np.asarray(self.tok[idx], np.int32)),
+      "prompt_mask": self._put(self.mask[idx]),
+      "response_tokens": self._put(np.asarray(self.resp_tok[idx], np.int32)),
+      "response_mask": self._put(resp_mask),
+    }
+    if self.n_prompts:
+      rows["prompt_index"] = self._put(self.group_of[idx].astype(np.int32), 1)
+    return rows
+
+  def ref_batch(self) -> dict:
+    return self._rows(self.ref.index)
+
+  def policy_batch(self, adv: np.ndarray, sampler_logp: jax.Array, ref_logp=None) -> dict:
+    """The policy step's batch: adv [n] (host) and sampler_logp [n, w] of every row, ref_logp
+    of the reference batch's rows (or None), gathered onto the merged policy rows."""
+    pol = merge_rows(self.group_of, self.resp_tok, self.resp_len, extra=adv, n_devices=self.n_dev)
+    self.rows, self.distinct = len(pol.index), pol.distinct
+    everywhere = sharding.replicated(self.mesh)
+    take = lambda x, idx: take_rows(
+      x,
+      dist.put_global(idx.astype(np.int32), everywhere),
+      sharding.batch_sharding(self.mesh, x.ndim),
+    )
+    batch = self._rows(pol.index)
+    batch["row_weight"] = self._put(pol.weight, 1)
+    batch["advantages"] = self._put(adv[pol.index], 1)
+    batch["sampler_logp"] = take(sampler_logp, pol.index)
+    if ref_logp is not None:
+      same = np.array_equal(pol.index, self.ref.index)  # the usual case: nothing to gather
+      batch["ref_logp"] = ref_logp if same else take(ref_logp, self.ref.inverse[pol.index])
+    return batch
