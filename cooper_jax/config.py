@@ -438,3 +438,19 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
         f"config.rollout.sample_batch_size={c.rollout.sample_batch_size} must divide "
         f"prompts_per_step*group_size={rows}"
       )
+
+
+def validate_processes(c: ml_collections.ConfigDict, n: int) -> None:
+  """What an N-process run needs beyond config.validate (which knows the device count)."""
+  if n == 1:
+    return
+  if c.rollout.prompts_per_step % n:
+    raise ValueError(
+      f"config.rollout.prompts_per_step={c.rollout.prompts_per_step} must be divisible by the "
+      f"{n} processes (each takes whole groups)"
+    )
+  if c.rollout.sample_batch_size and c.rollout.sample_batch_size % (n * c.rollout.group_size):
+    raise ValueError(
+      f"config.rollout.sample_batch_size={c.rollout.sample_batch_size} must be a multiple of "
+      f"processes x group_size = {n * c.rollout.group_size}"
+    )

@@ -103,38 +103,30 @@ def response_logprobs(
   """
   model = Transformer(model_cfg)
   p, n = prompt_tokens.shape[1], response_tokens.shape[1]
-  if prompt_index is not None and n_prompts > 0:
-    # The first row of each prompt: [n_prompts] row indices (every prompt has a row).
-    first_row = jnp.argmax(prompt_index[None, :] == jnp.arange(n_prompts)[:, None], axis=1)
-    pick = lambda x: jnp.take(x, first_row, axis=0)
+  indexed = prompt_index is not None and n_prompts > 0
+  if indexed or prompt_group > 1:
+    b = prompt_tokens.shape[0]
+    if indexed:  # each prompt's first row holds it (every prompt has a row)
+      first_row = jnp.argmax(prompt_index[None, :] == jnp.arange(n_prompts)[:, None], axis=1)
+      pick = lambda x: jnp.take(x, first_row, axis=0)
+      per_row = lambda x: jnp.take(x, prompt_index, axis=0)
+    else:
+      if b % prompt_group:
+        raise ValueError(f"prompt_group={prompt_group} does not divide the batch's {b} rows")
+      pick = lambda x: x.reshape(b // prompt_group, prompt_group, *x.shape[1:])[:, 0]
+      per_row = lambda x: jnp.repeat(x, prompt_group, axis=0)
     h_ppd, h_bnd = model.apply(
       {"params": params},
       pick(prompt_tokens),
       pick(prompt_mask).astype(bool),
       response_tokens,
       response_mask.astype(bool),
-      prompt_index,
-      method=Transformer.hidden_shared_prompt,
-    )
-    h_in = jnp.concatenate([jnp.take(h_ppd[:, -1:], prompt_index, axis=0), h_bnd[:, : n - 1]], 1)
-  elif prompt_group > 1:
-    b = prompt_tokens.shape[0]
-    if b % prompt_group:
-      raise ValueError(f"prompt_group={prompt_group} does not divide the batch's {b} rows")
-    first = lambda x: x.reshape(b // prompt_group, prompt_group, *x.shape[1:])[:, 0]
-    h_ppd, h_bnd = model.apply(
-      {"params": params},
-      first(prompt_tokens),
-      first(prompt_mask).astype(bool),
-      response_tokens,
-      response_mask.astype(bool),
+      prompt_index if indexed else None,
       method=Transformer.hidden_shared_prompt,
     )
     # Position p - 1 (each prompt's last token: prompts are left-padded) predicts response
     # token 0; response position j predicts token j + 1.
-    h_in = jnp.concatenate(
-      [jnp.repeat(h_ppd[:, -1:], prompt_group, axis=0), h_bnd[:, : n - 1]], axis=1
-    )
+    h_in = jnp.concatenate([per_row(h_ppd[:, -1:]), h_bnd[:, : n - 1]], axis=1)
   else:
     tokens = jnp.concatenate([prompt_tokens, response_tokens], axis=1)
     mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(bool)

@@ -37,6 +37,7 @@ from cooper_jax import losses, merge, optim, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa
 from cooper_jax.evaluate import evaluate_model
+from cooper_jax.host_platform import use_compilation_cache
 from cooper_jax.metrics import JsonlLog, MetricsWriter, progress_line
 from cooper_jax.paths import as_path, write_text
 from cooper_jax.prompts import build_prompts
@@ -66,7 +67,7 @@ class Run:
     """reward: a reward source with the interface of reward_modes.RuleReward to use instead of
     the one `c.reward_mode` names (tests, positive controls: a reward the policy can learn)."""
     config_lib.validate(c, jax.device_count())
-    _check_processes(c)
+    config_lib.validate_processes(c, dist.process_count())
     self.c, self.workdir = c, as_path(workdir)
     if dist.is_primary():
       self.workdir.mkdir(parents=True, exist_ok=True)
@@ -475,29 +476,13 @@ def _compiled_count(jitted) -> int:
   return int(size()) if callable(size) else -1
 
 
-def _check_processes(c) -> None:
-  """What an N-process run needs beyond config.validate (which knows the device count)."""
-  n = dist.process_count()
-  if n == 1:
-    return
-  if c.rollout.prompts_per_step % n:
-    raise ValueError(
-      f"config.rollout.prompts_per_step={c.rollout.prompts_per_step} must be divisible by the "
-      f"{n} processes (each takes whole groups)"
-    )
-  if c.rollout.sample_batch_size and c.rollout.sample_batch_size % (n * c.rollout.group_size):
-    raise ValueError(
-      f"config.rollout.sample_batch_size={c.rollout.sample_batch_size} must be a multiple of "
-      f"processes x group_size = {n * c.rollout.group_size}"
-    )
-
-
 def main(argv):
   del argv
   if _WORKDIR.value is None:
     raise app.UsageError("--workdir is required")
   # Before anything touches a device: a multi-process run must join the runtime first.
   dist.initialize(_CONFIG.value.distributed)
+  use_compilation_cache()  # reruns and later jobs read compiled steps back (host_platform)
   # The primary logs the run; the others only warnings and errors (their own failures).
   logging.getLogger().setLevel(logging.INFO if dist.is_primary() else logging.WARNING)
   # Orbax logs every save step at INFO; keep the run's own INFO lines readable.

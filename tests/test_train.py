@@ -234,3 +234,20 @@ def test_llm_rewrite_negatives_in_the_loop_with_the_shipped_assistant(tmp_path):
   for r in rows:  # every try is accepted or rejected for a counted reason
     rejected = sum(v for k, v in r.items() if k.startswith("pairs/reject_"))
     assert r["pairs/negative_tries"] == r["pairs/n_valid"] + rejected
+
+
+def test_cli_turns_on_the_compilation_cache_unless_one_is_set():
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from cooper_jax import host_platform  # pylint: disable=import-outside-toplevel
+
+  before = jax.config.jax_compilation_cache_dir
+  try:
+    jax.config.update("jax_compilation_cache_dir", None)
+    assert host_platform.use_compilation_cache() == host_platform.COMPILATION_CACHE_DIR
+    assert jax.config.jax_compilation_cache_dir == host_platform.COMPILATION_CACHE_DIR
+    jax.config.update("jax_compilation_cache_dir", "/elsewhere")  # the user's choice stays
+    assert host_platform.use_compilation_cache() is None
+    assert jax.config.jax_compilation_cache_dir == "/elsewhere"
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before)

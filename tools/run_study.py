@@ -212,7 +212,9 @@ def child_env(jobs: int) -> dict:
   # cache key), so all but the first read them from JAX's persistent cache: on the 2-core VM a
   # 25-step small-task run went from 61 s to 34 s with identical metrics. Set
   # JAX_COMPILATION_CACHE_DIR to put it elsewhere.
-  env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "cooper_jax" / "xla"))
+  from cooper_jax.host_platform import COMPILATION_CACHE_DIR  # pylint: disable=import-outside-toplevel
+
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", COMPILATION_CACHE_DIR)
   env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
   if jobs > 1:
