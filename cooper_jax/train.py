@@ -270,17 +270,18 @@ class Run:
     out_tok, out_mask = dist.fetch_local_rows(out.tokens), dist.fetch_local_rows(out.mask)
     resp_len = dist.gather_rows(own, out_mask.sum(1), n)
     w = _bucket(int(resp_len.max()), c.rollout.response_pad_multiple, c.rollout.max_new_tokens)
-    bs = sharding.batch_sharding(self.mesh)
-    batch = {
-      "prompt_tokens": dist.put_global(np.asarray(tok, np.int32), bs),
-      "prompt_mask": dist.put_global(mask, bs),
-      "response_tokens": _first_columns(out.tokens.astype(jnp.int32), w),
-      "response_mask": _first_columns(out.mask, w),
-    }
     if self.merge:  # distinct rows only, on every process alike
       resp = dist.gather_rows(own, out_tok[:, :w], n)
       merger = merge.MergedStep(self.mesh, self.group, self.n_prompts, tok, mask, resp, resp_len)
       batch = merger.ref_batch()
+    else:
+      bs = sharding.batch_sharding(self.mesh)
+      batch = {
+        "prompt_tokens": dist.put_global(np.asarray(tok, np.int32), bs),
+        "prompt_mask": dist.put_global(mask, bs),
+        "response_tokens": _first_columns(out.tokens.astype(jnp.int32), w),
+        "response_mask": _first_columns(out.mask, w),
+      }
     if self.ref_params is not None:
       # Dispatched now (asynchronously): the reference pass needs only the tokens, so it runs
       # on the devices while the host decodes, verifies and scores.
