@@ -6,6 +6,7 @@ and policy step (what a CPU can check of them)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 # Hugging Face transformers 5.17 / PyTorch 2.11 on one H200, random bf16 weights
 # (../shared/docs/gpu-and-peers.md): generate at batch 256, prompt 256, 512 new tokens, and a
@@ -71,6 +72,43 @@ def trace_full_shapes(report, shapes, sz_full: dict) -> None:
   report.extras["full_shapes_lowered"] = out
 
 
+def tunix_on_gpu(report, name: str, cfg, sz: dict, args) -> None:
+  """tunix's Sampler vs ours on the same random weights of shape `name` (exported to an HF
+  directory in the model's dtype), random prompts at the sampler sizes, gate in float32."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import sections as S  # pylint: disable=import-outside-toplevel
+  from benchmarks import tunix_side  # pylint: disable=import-outside-toplevel
+  from cooper_jax.weights.hf_io import save_hf_dir  # pylint: disable=import-outside-toplevel
+
+  def prompts(b, width=sz["prompt"], seed=0):
+    tokens, mask, pad = S.random_prompts(b, width, cfg.vocab_size, seed)
+    # tunix pads with an id found in no prompt: keep its preferred one out of random ids
+    tokens[tokens == tunix_side.PREFERRED_PAD] = tunix_side.PREFERRED_PAD + 1
+    return tokens, mask, pad
+
+  params = S.random_params(cfg)
+  with tempfile.TemporaryDirectory(prefix="tunix_gpu_", dir=args.workdir) as tmp:
+    hf_dir = str(save_hf_dir(cfg, params, Path(tmp) / name))
+    gate_tokens, gate_mask, _ = prompts(2, 32, 1)
+    tunix_side.tunix_sampler_section(
+      report,
+      cfg,
+      params,
+      prompts,
+      sz["batches"],
+      sz["new_tokens"],
+      args.tunix_python,
+      hf_dir,
+      args.runs,
+      sz["reps"],
+      gpu=tunix_side.GpuRun(name, cfg.dtype, (gate_tokens, np.asarray(gate_mask))),
+    )
+  print(f"{name} tunix_sampler done", flush=True)
+
+
 def gpu_mode(args, report, sz: dict, cpu_only=()) -> None:
   """The GPU sections at sizes `sz` (run.sizes); `cpu_only` sections are named and skipped."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -98,6 +136,8 @@ def gpu_mode(args, report, sz: dict, cpu_only=()) -> None:
   for name, cfg in shapes.items():
     gen = recorded_peer(H200_GENERATE[name], "HF generate, H200 (recorded)")[0]
     step = recorded_peer(H200_STEP[name], "PyTorch step, H200 (recorded)")[1]
+    if "tunix_sampler" in args.only:
+      tunix_on_gpu(report, name, cfg, sz, args)
     if "sampler" in args.only:
       params = S.random_params(cfg)
       S.sampler_section(

@@ -447,7 +447,8 @@ def main(argv=None) -> int:
   report.partial_path = args.out
   t0 = time.perf_counter()
   if args.gpu:
-    gpu_mode.gpu_mode(args, report, sizes(args), cpu_only=PEER_SECTIONS)
+    cpu_only = tuple(s for s in PEER_SECTIONS if s != "tunix_sampler")
+    gpu_mode.gpu_mode(args, report, sizes(args), cpu_only=cpu_only)
   else:
     cpu_mode(args, report)
   report.meta["wall_s"] = time.perf_counter() - t0
