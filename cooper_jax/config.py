@@ -311,6 +311,12 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       raise ValueError(
         f"config.{section}.remat={c[section].remat!r}: expected one of {REMAT_CHOICES}"
       )
+    chunk = c[section].get("attn_chunk_bytes", 0)
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
+      raise ValueError(
+        f"config.{section}.attn_chunk_bytes must be an int >= 0 (0 = attention in one "
+        f"piece), got {chunk!r}"
+      )
   if not isinstance(c.rollout.cache_segments, int) or c.rollout.cache_segments < 1:
     raise ValueError(
       f"config.rollout.cache_segments must be an int >= 1, got {c.rollout.cache_segments!r}"

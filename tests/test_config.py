@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
     ("rm.remat", "dots", "rm.remat"),
     ("rollout.decode_weights", "gathered", "rollout.decode_weights"),
     ("policy.logprob_micro_batch_size", -8, "policy.logprob_micro_batch_size"),
+    ("policy.attn_chunk_bytes", -1, "config.policy.attn_chunk_bytes"),
+    ("rm.attn_chunk_bytes", -4, "config.rm.attn_chunk_bytes"),
   ],
 )
 def test_validate_names_the_key(key, value, needle):
