@@ -4,12 +4,15 @@ Parity checks (tests/test_parity.py, tests/test_llama3_rope.py,
 tools/check_export_with_transformers.py) compare our logits with transformers' on the same
 weights and ids. The two differ only in summation order (XLA's kernels vs PyTorch's, and
 those depend on the CPU: AVX-512 or AVX2 blocking), so the tolerance is derived from float32
-error analysis, not from one machine's rounding.
+error analysis, not from one machine's rounding. The same bounds hold two computations of our
+own apart (padding, attention chunks, caches, mesh layouts: tests/test_model.py and others).
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from cooper_jax.models.config import ModelConfig
 
@@ -37,6 +40,34 @@ def float32_logit_atol(cfg: ModelConfig, logit_scale: float, max_position: int) 
   a wrong RoPE base moves SmolLM2's logits by ~4, the Llama-3 fixture's rope scaling by 11, a
   pad-mask error by O(1).
   """
+  return float32_forward_rtol(cfg, max_position) * float(logit_scale)
+
+
+def score_scale(score_kernel, final_norm_scale) -> float:
+  """The scale a score head's rounding is relative to: its terms w_i h_i sum to at most
+  ||w|| ||h||, and the final RMSNorm gives ||h|| <= sqrt(d_model) max|scale| (the score itself
+  may be near 0 by cancellation). Arrays: the score kernel [d, 1], the final norm's scale [d]."""
+  w, g = np.asarray(score_kernel, np.float64), np.asarray(final_norm_scale, np.float64)
+  return float(np.linalg.norm(w) * math.sqrt(g.size) * np.abs(g).max())
+
+
+def float32_forward_rtol(cfg: ModelConfig, max_position: int) -> float:
+  """The relative error of one float32 forward's outputs (the residual stream's, as above):
+  2 u sqrt(sum of contraction lengths + n_layers (2 max_position)^2). A backward pass runs the
+  transposed contractions of the same lengths, so a gradient carries about twice as many
+  rounding steps; compare gradients at 2x this, relative to the gradient's norm."""
   k_total = cfg.n_layers * (cfg.n_heads * cfg.head_dim + cfg.d_ff) + cfg.d_model
   rope = cfg.n_layers * (2 * max_position) ** 2
-  return 2 * UNIT_ROUNDOFF * math.sqrt(k_total + rope) * float(logit_scale)
+  return 2 * UNIT_ROUNDOFF * math.sqrt(k_total + rope)
+
+
+def float32_logprob_atol(cfg: ModelConfig, logit_scale: float, max_position: int) -> float:
+  """The tolerance on |log-prob difference| between two float32 forwards of `cfg`, each
+  followed by log_softmax. log_softmax(z)_i = z_i - logsumexp(z): a logit error d moves z_i by
+  d and the logsumexp by at most d (it is 1-Lipschitz in the max norm), so 2 d; the logsumexp's
+  own rounding, each side: its max term (logit_scale u), the sum of vocab_size exponentials
+  (sqrt(vocab_size) u relative, random walk) and the log, about u (logit_scale +
+  sqrt(vocab_size)) each, 2x that for the two sides."""
+  d = float32_logit_atol(cfg, logit_scale, max_position)
+  own = 2 * UNIT_ROUNDOFF * (float(logit_scale) + math.sqrt(cfg.vocab_size))
+  return 2 * d + own
