@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 from cooper_jax import distributed as dist  # noqa: E402
 from cooper_jax import sharding, steps  # noqa: E402
 from cooper_jax.config import load_config  # noqa: E402
+from cooper_jax.models.tolerance import float32_gradient_roundoff  # noqa: E402
 from cooper_jax.prompts import encode_rm_inputs, widen_left  # noqa: E402
 from cooper_jax.reward_modes import RM_PAD_MULTIPLE, CooperReward  # noqa: E402
 from cooper_jax.rewards.pairs import PairBatch  # noqa: E402
@@ -98,7 +99,22 @@ def main():
       rm.state["params"],
     )
   )
+  # The gradients of both batches (before Adam's normalisation, which can turn a rounding
+  # difference of a near-zero gradient into a visible fraction of lr).
+  grads = []
+  grad_fn = jax.jit(jax.grad(lambda p, b: steps.rm_loss_fn(rm.cfg, "bt", p, b)[0].value))
+  for batch in (full, compact):  # global arrays: arguments, not closed over
+    g = grad_fn(rm.state["params"], batch)
+    grads.append(jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), g))
+  grad_diff = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), *grads))
   result = {
+    "grad_diff": max(grad_diff),
+    "grad_scale": max(float(np.abs(x).max()) for x in jax.tree.leaves(grads[0])),
+    # The worst-case float32 bound of a gradient entry's path, a fraction of the largest.
+    "grad_roundoff": float32_gradient_roundoff(
+      rm.cfg, 2 * full["pos_tokens"].shape[0], full["pos_tokens"].shape[1]
+    ),
+    "lr": float(c.rm.optim.lr),
     "process": pid,
     "compact_rows": int(compact["valid"].shape[0]),
     "n_valid": [params["all_n_valid"], params["compact_n_valid"]],

@@ -113,7 +113,10 @@ def test_rm_pair_batch_across_processes(tmp_path):
   for i in range(2):
     r = json.loads(Path(f"{out}.{i}").read_text())
     assert r["compact_rows"] == 4 and r["n_valid"] == [2.0, 2.0]
-    assert r["max_moved"] > 0 and r["max_diff"] < 1e-6, r
+    # Gradients within the float32 bound of their longest path (test_steps), the parameters
+    # after the step within the step's own bound (|update| <= lr (1 + wd |p|)), and they moved.
+    assert r["grad_scale"] > 0 and r["grad_diff"] <= r["grad_roundoff"] * r["grad_scale"], r
+    assert r["max_moved"] > 0 and r["max_diff"] <= 2.1 * r["lr"], r
 
 
 def test_killed_process_fails_the_other_and_restart_resumes(two_process_run, tmp_path):

@@ -13,6 +13,7 @@ from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.tolerance import (
   UNIT_ROUNDOFF,
   float32_forward_rtol,
+  float32_gradient_roundoff,
   float32_logit_atol,
   float32_logprob_atol,
   score_scale,
@@ -98,21 +99,9 @@ def _first_moments(state):
   return mu
 
 
-def _gradient_roundoff(cfg: ModelConfig, rows: int, seq: int) -> float:
-  """The worst-case rounding difference of a gradient entry between two summation orders, as a
-  fraction of the largest entry: gamma_m = m u / (1 - m u) ~ m u, u = 2^-24 (Higham, Accuracy and
-  Stability of Numerical Algorithms, Lemma 3.1), m the additions along the entry's longest
-  path: each layer's contractions forward (q, k, v and output projections over d_model, scores
-  over head_dim, values over the sequence, the MLP over d_model then d_ff), the same backward,
-  the LM head, and the sum over the batch's rows x seq tokens. For TINY and this file's
-  largest batch (16 rows; 13 tokens, the longest prompt + response: 7 + 6): m = 2244, 1.3e-4 (a
-  sharding or micro-batching bug moves entries by O(1) of themselves)."""
-  per_layer = 5 * cfg.d_model + cfg.head_dim + seq + cfg.d_ff
-  m = 2 * (cfg.n_layers * per_layer + cfg.d_model) + rows * seq
-  return m * 2.0**-24
-
-
-GRAD_ROUNDOFF = _gradient_roundoff(TINY, rows=16, seq=13)
+# For TINY and this file's largest batch (16 rows; 13 tokens, the longest prompt + response:
+# 7 + 6): 1.3e-4 (a sharding or micro-batching bug moves entries by O(1) of themselves).
+GRAD_ROUNDOFF = float32_gradient_roundoff(TINY, rows=16, seq=13)
 B1 = 0.9  # AdamW's first-moment decay (config.optim_config)
 
 

@@ -71,3 +71,17 @@ def float32_logprob_atol(cfg: ModelConfig, logit_scale: float, max_position: int
   d = float32_logit_atol(cfg, logit_scale, max_position)
   own = 2 * UNIT_ROUNDOFF * (float(logit_scale) + math.sqrt(cfg.vocab_size))
   return 2 * d + own
+
+
+def float32_gradient_roundoff(cfg: ModelConfig, rows: int, seq: int) -> float:
+  """The worst-case rounding difference of a gradient entry between two summation orders of
+  one loss over `rows` x `seq` tokens, as a fraction of the gradient's largest entry:
+  gamma_m = m u / (1 - m u) ~ m u (Higham, Accuracy and Stability of Numerical Algorithms,
+  Lemma 3.1), m the additions along the entry's longest path: each layer's contractions forward
+  (q, k, v and output projections over d_model, scores over head_dim, values over the sequence,
+  the MLP over d_model then d_ff), the same backward, the head, and the sum over the batch's
+  rows x seq tokens. Worst case, not random walk: the gradients of two layouts (sharded vs one
+  device, micro-batched vs one shot) are compared entry by entry."""
+  per_layer = 5 * cfg.d_model + cfg.head_dim + seq + cfg.d_ff
+  m = 2 * (cfg.n_layers * per_layer + cfg.d_model) + rows * seq
+  return m * UNIT_ROUNDOFF
