@@ -181,9 +181,7 @@ def test_rm_scores_each_distinct_row_once():
   got, got_cut = rm.score(q, a, t)
   assert shapes[0][0] == 16  # 3 distinct rows, padded to 16 (not 24)
   # reward = sigmoid(score), slope <= 1/4: the scores' float32 bound (tolerance.py) over 4.
-  host = jax.device_get(rm.state["params"])
-  scale = score_scale(host["score"]["kernel"], host["final_norm"]["scale"])
-  atol = float32_logit_atol(rm.cfg, scale, plain.rm.max_len) / 4
+  atol = float32_logit_atol(rm.cfg, score_scale(rm.state["params"]), plain.rm.max_len) / 4
   np.testing.assert_allclose(got, want, rtol=0, atol=atol)
   assert got_cut == cut
   assert len({round(float(x), 4) for x in want}) == 3  # teeth: three different rewards

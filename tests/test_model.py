@@ -332,7 +332,7 @@ def test_score_head_reads_last_real_token(params):
   s_left = forward(cfg, rm, left, lmask)
   s_right = forward(cfg, rm, right, rmask)
   s_alone = forward(cfg, rm, jnp.array([row]), jnp.ones((1, 5), bool))
-  atol = float32_logit_atol(cfg, score_scale(rm["score"]["kernel"], rm["final_norm"]["scale"]), 8)
+  atol = float32_logit_atol(cfg, score_scale(rm), 8)
   np.testing.assert_allclose(s_left, s_alone, atol=atol)
   np.testing.assert_allclose(s_right, s_alone, atol=atol)
   assert s_alone.shape == (1,)

@@ -137,8 +137,7 @@ def _rm_metric_atol(cfg: ModelConfig, params, batch) -> float:
   bound at the score head's scale, tolerance.py): the BT loss (softplus of a score
   difference) by 2 d, a (weighted) BCE mean and mean scores by d. So 2 d."""
   tokens = batch.get("pos_tokens", batch.get("tokens"))
-  scale = score_scale(params["score"]["kernel"], params["final_norm"]["scale"])
-  return 2 * float32_logit_atol(cfg, scale, tokens.shape[1])
+  return 2 * float32_logit_atol(cfg, score_scale(params), tokens.shape[1])
 
 
 def _assert_same_adam_update(prev, a, b, lr: float):
@@ -351,7 +350,6 @@ def test_policy_step_micro_batches_equal_one_shot(k, agg):
   assert float(micro[1]["response_tokens"]) == batch["response_mask"].sum()
   if agg == "token_mean":
     # The test has teeth: a plain average of the micro-batch losses is far from the loss.
-    params = init_params(TINY, jax.random.key(0))
     mb_losses = [
       float(
         steps.resolve(
@@ -476,11 +474,8 @@ def test_chunked_micro_batched_logprob_and_reward_fns_equal_plain():
   mask = np.concatenate([batch["prompt_mask"], batch["response_mask"]], 1)
   want_r = np.asarray(steps.make_reward_fn(cfg, mesh, rm_params)(rm_params, tokens, mask))
   got_r = steps.make_reward_fn(cfg, mesh, rm_params, micro_batch_size=4)(rm_params, tokens, mask)
-  host = jax.device_get(rm_params)
-  scale = score_scale(host["score"]["kernel"], host["final_norm"]["scale"])
-  np.testing.assert_allclose(
-    np.asarray(got_r), want_r, rtol=0, atol=float32_logit_atol(cfg, scale, tokens.shape[1])
-  )
+  atol = float32_logit_atol(cfg, score_scale(rm_params), tokens.shape[1])
+  np.testing.assert_allclose(np.asarray(got_r), want_r, rtol=0, atol=atol)
   assert np.std(want_r) > 1e-3  # rows really differ, so a row mix-up would show
 
 

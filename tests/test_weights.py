@@ -425,8 +425,7 @@ def test_logits_match_numpy_reference(ckpts, name):
     # Our float32 forward against a float64 one: the float32 bound (tolerance.py) holds.
     if cfg.head == "score":
       # HF's sequence classifier reads the last non-pad token.
-      scale = score_scale(tensors["score.weight"].T, tensors["model.norm.weight"])
-      atol = float32_logit_atol(cfg, scale, width)
+      atol = float32_logit_atol(cfg, score_scale(params), width)
       np.testing.assert_allclose(out[i], ref[-1, 0], atol=atol, rtol=0)
     else:
       assert np.abs(ref).max() > 1.0  # not a trivially small signal

@@ -43,11 +43,13 @@ def float32_logit_atol(cfg: ModelConfig, logit_scale: float, max_position: int) 
   return float32_forward_rtol(cfg, max_position) * float(logit_scale)
 
 
-def score_scale(score_kernel, final_norm_scale) -> float:
+def score_scale(params) -> float:
   """The scale a score head's rounding is relative to: its terms w_i h_i sum to at most
   ||w|| ||h||, and the final RMSNorm gives ||h|| <= sqrt(d_model) max|scale| (the score itself
-  may be near 0 by cancellation). Arrays: the score kernel [d, 1], the final norm's scale [d]."""
-  w, g = np.asarray(score_kernel, np.float64), np.asarray(final_norm_scale, np.float64)
+  may be near 0 by cancellation). params: a score model's tree (its "score" kernel [d, 1] and
+  "final_norm" scale [d] are read; host or device arrays)."""
+  w = np.asarray(params["score"]["kernel"], np.float64)
+  g = np.asarray(params["final_norm"]["scale"], np.float64)
   return float(np.linalg.norm(w) * math.sqrt(g.size) * np.abs(g).max())
 
 
