@@ -64,6 +64,15 @@ def comparable(rows: list[dict]) -> list[dict]:
   return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
+def resume_from(src, step: int, dst) -> None:
+  """Run dst starts from run src's checkpoint `step` (the same state for a step taken two ways:
+  another process layout, another response width)."""
+  import shutil  # pylint: disable=import-outside-toplevel
+
+  (Path(dst) / "checkpoints").mkdir(parents=True)
+  shutil.copytree(Path(src) / "checkpoints" / str(step), Path(dst) / "checkpoints" / str(step))
+
+
 def final_params(workdir, items=("policy", "rm")):
   """(step, {item: state}) of a run's newest checkpoint; workdir may be local or gs://."""
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel

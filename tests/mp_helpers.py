@@ -112,13 +112,13 @@ def run(workdir, n_proc, devices, *overrides, steps, env=None):
   wait(launch(workdir, n_proc, devices, *overrides, steps=steps, env=env), workdir)
 
 
-def params(workdir, step):
-  """The policy and RM states of one checkpoint step (local or gs://), on this process's
-  first device (the checkpoint may come from another topology)."""
+def params(workdir, step, items=("policy", "rm")):
+  """The policy and RM states (`items`) of one checkpoint step (local or gs://), on this
+  process's first device (the checkpoint may come from another topology)."""
   one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   out = {}
   with ocp.StandardCheckpointer() as ck:
-    for item in ("policy", "rm"):
+    for item in items:
       path = as_path(workdir) / "checkpoints" / str(step) / item
       tree = ck.metadata(path).item_metadata.tree
       target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), tree)

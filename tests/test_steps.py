@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from run_bounds import assert_same_adam_update
 
 from cooper_jax import logprobs, optim, sharding, steps
 from cooper_jax.config import optim_config
@@ -91,18 +92,9 @@ def _assert_close_tree(a, b, rtol):
   assert err <= rtol, f"relative error {err:.2e} > {rtol}"
 
 
-def _first_moments(state):
-  """AdamW's first moments: a decayed sum of the gradients, before Adam's normalisation."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(state["opt_state"])
-  mu = [x for path, x in flat if any(getattr(k, "name", None) == "mu" for k in path)]
-  assert mu, "no first moments in the optimizer state"
-  return mu
-
-
 # For TINY and this file's largest batch (16 rows; 13 tokens, the longest prompt + response:
 # 7 + 6): 1.3e-4 (a sharding or micro-batching bug moves entries by O(1) of themselves).
 GRAD_ROUNDOFF = float32_gradient_roundoff(TINY, rows=16, seq=13)
-B1 = 0.9  # AdamW's first-moment decay (config.optim_config)
 
 
 def _lp_atol(cfg: ModelConfig, params, batch, temperature: float = 1.0) -> float:
@@ -138,31 +130,6 @@ def _rm_metric_atol(cfg: ModelConfig, params, batch) -> float:
   difference) by 2 d, a (weighted) BCE mean and mean scores by d. So 2 d."""
   tokens = batch.get("pos_tokens", batch.get("tokens"))
   return 2 * float32_logit_atol(cfg, score_scale(params), tokens.shape[1])
-
-
-def _assert_same_adam_update(prev, a, b, lr: float):
-  """Two train states after one AdamW step from the same state `prev` (None: a fresh one)
-  whose gradients differ only by float summation order (sharded vs 1 device, micro-batched vs
-  one shot). Each compared step starts from the same state, so the bounds are one step's.
-
-  The gradients are compared through the first moments, mu = b1 mu_prev + (1 - b1) g,
-  elementwise to GRAD_ROUNDOFF of the largest (1 - b1) |g| plus the rounding of the sum (u |mu|
-  a side): a bound from float32 error analysis, not one CPU's rounding (on an AVX2 EPYC the
-  8-device policy step's moments differ by up to 2.1e-5 of the largest, 1e-5 on AVX-512).
-  Not the parameters: Adam divides by sqrt(v), so where a gradient is a cancellation near
-  zero, rounding moves that entry's update by up to its full size; the parameters are held
-  only to the update's own bound, |update| <= lr (1 - b1) / sqrt(1 - b2) = 3.17 lr a step
-  (Kingma & Ba, sec. 2.1), twice that between two runs.
-  """
-  mu_a, mu_b = _first_moments(a), _first_moments(b)
-  mu_p = _first_moments(prev) if prev is not None else [np.zeros_like(x) for x in mu_a]
-  g_scale = max(float(np.abs(np.asarray(x) - B1 * np.asarray(p)).max()) for x, p in zip(mu_a, mu_p))
-  assert g_scale > 0
-  for x, y in zip(mu_a, mu_b):
-    atol = GRAD_ROUNDOFF * g_scale + 2 * UNIT_ROUNDOFF * np.abs(np.asarray(x))
-    assert np.all(np.abs(np.asarray(y) - np.asarray(x)) <= atol)
-  for x, y in zip(jax.tree.leaves(a["params"]), jax.tree.leaves(b["params"])):
-    assert float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) <= 2 * 3.17 * lr
 
 
 def test_policy_step_sharded_equals_single_device():
@@ -331,7 +298,7 @@ def _assert_same_step(one, other, atol: float, prev=None, lr=1e-3):
   assert set(one[1]) == set(other[1])
   for k in one[1]:
     np.testing.assert_allclose(other[1][k], one[1][k], rtol=GRAD_ROUNDOFF, atol=atol, err_msg=k)
-  _assert_same_adam_update(prev, one[0], other[0], lr=lr)
+  assert_same_adam_update(prev, one[0], other[0], lr, GRAD_ROUNDOFF)
   assert int(other[0]["step"]) == int(one[0]["step"])
 
 

@@ -43,14 +43,31 @@ def float32_logit_atol(cfg: ModelConfig, logit_scale: float, max_position: int) 
   return float32_forward_rtol(cfg, max_position) * float(logit_scale)
 
 
+def _head_bound(rows, final_norm_scale) -> float:
+  """max_i ||rows_i|| sqrt(d) max|scale|: an output w_i . h of a head whose input h is the final
+  RMSNorm's output (||x / rms(x)|| = sqrt(d), so ||h|| <= sqrt(d) max|scale|) is at most
+  that in magnitude, and each of its terms' sum of magnitudes is too."""
+  w = np.asarray(rows, np.float64)
+  g = np.asarray(final_norm_scale, np.float64)
+  return float(np.linalg.norm(w, axis=-1).max() * math.sqrt(g.size) * np.abs(g).max())
+
+
 def score_scale(params) -> float:
   """The scale a score head's rounding is relative to: its terms w_i h_i sum to at most
   ||w|| ||h||, and the final RMSNorm gives ||h|| <= sqrt(d_model) max|scale| (the score itself
   may be near 0 by cancellation). params: a score model's tree (its "score" kernel [d, 1] and
   "final_norm" scale [d] are read; host or device arrays)."""
-  w = np.asarray(params["score"]["kernel"], np.float64)
-  g = np.asarray(params["final_norm"]["scale"], np.float64)
-  return float(np.linalg.norm(w) * math.sqrt(g.size) * np.abs(g).max())
+  return _head_bound(np.asarray(params["score"]["kernel"]).T, params["final_norm"]["scale"])
+
+
+def logit_scale(params) -> float:
+  """A bound on |logit| from a causal LM's parameters alone, where no forward on the compared
+  inputs is at hand (two whole training runs: tests/run_bounds.py): a logit is e_v . h with
+  e_v the head's row for token v (the tied embedding's row, or lm_head's column), so
+  max_v ||e_v|| sqrt(d_model) max|final norm scale|. Looser than a forward's largest logit
+  (rows and h need not align), never smaller."""
+  rows = params["lm_head"]["kernel"].T if "lm_head" in params else params["embed"]["embedding"]
+  return _head_bound(rows, params["final_norm"]["scale"])
 
 
 def float32_forward_rtol(cfg: ModelConfig, max_position: int) -> float:
