@@ -150,6 +150,8 @@ def mean_magnitudes(c, a: dict, b: dict, rm_params=None) -> dict[str, float]:
   rm_params: the RM's parameters the step scored with, for the pair margins), a bound on the
   mean of its summands' magnitudes: the mean itself for nonnegative terms; PPO's clipped term
   at most ratio_max |A| a token; a pair's accuracy 1, its margin 2 score_scale."""
+  # kl_loss is read as a mean of nonnegative, clamped terms: the k3 estimator's (k1 may be < 0)
+  assert c.policy.loss.kl_kind in ("k3", "low_var_kl"), c.policy.loss.kl_kind
   pg = _ratio_max(c) * _adv_max(c)
   out = {"policy/pg_loss": pg, "rm_train/pair_acc": 1.0}
   out |= {k: max(a[k], b[k]) for k in _NONNEGATIVE if k in a}
@@ -178,7 +180,7 @@ def assert_same_step_across_layouts(c, a, b, states, n_devices: int):
   with the same devices (2 processes x 2 devices vs 1 x 4): each device runs the same program
   on the same rows, so rollouts, rewards and per-device partials are equal, and only the
   cross-device sums differ in order. Averaged metrics agree to `reduction_atol` of their
-  largest summand, gradient norms to `grad_norm_atol`, everything else exactly. states:
+  summands' mean magnitude, gradient norms to `grad_norm_atol`, everything else exactly. states:
   {"prev", "a", "b"} -> {"policy", "rm"} train states (prev None: a fresh run's step 1, from
   `initial(c)`); the AdamW updates are compared by `assert_same_adam_update`."""
   init = initial(c)

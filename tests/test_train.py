@@ -127,8 +127,9 @@ def test_ppo_epochs_and_mini_batches(tmp_path):
   assert a["policy/updates"] == 1 and a["policy/ratio_mean"] == 1.0
   assert b["policy/updates"] == 4 and b["policy/ratio_mean"] != 1.0
   c = run_config(one)
+  cfg, init = initial(c)["policy"]
   for m in (a, b):
-    assert_sampler_matches_trainer(c, m, *initial(c)["policy"])
+    assert_sampler_matches_trainer(c, m, cfg, init)
   assert a["reward/mean"] == b["reward/mean"]  # same rollouts, different updates
   # rollouts.jsonl: train.save_rollouts rows of the step, each row's reward its rule verdict
   # (resumed runs rewriting the steps after the checkpoint: tests/test_gcs.py)
