@@ -389,8 +389,6 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError(
       f"config.pairs.positive_check={c.pairs.positive_check!r}: expected 'rule' or 'rule+chain'"
     )
-  if c.pairs.get("positive_check", "rule") != "rule" and c.pairs.negatives == "on_policy":
-    raise ValueError("config.pairs.positive_check='rule+chain' applies to made negatives only")
   if c.pairs.positive not in ("first", "random"):
     raise ValueError(f"config.pairs.positive={c.pairs.positive!r}: expected 'first' or 'random'")
   registry.check("pairs.negatives", c.pairs.negatives)

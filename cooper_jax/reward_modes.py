@@ -211,12 +211,12 @@ class CooperReward(StaticRMReward):
     seed = [c.seed, step] if dist.process_count() == 1 else [c.seed, step, first_prompt]
     args = ([r["question"] for r in ro.rows], [r["answer"] for r in ro.rows], ro.texts)
     rng = np.random.default_rng(seed)
+    positive_ok, n_chain_dropped = self._positive_ok(ro)
     if self.negatives is None:
       pairs, stats = build_on_policy_pairs(
-        *args, ro.correct, group, strategy=c.pairs.positive, rng=rng
+        *args, ro.correct, group, strategy=c.pairs.positive, rng=rng, positive_ok=positive_ok
       )
     else:
-      positive_ok, n_chain_dropped = self._positive_ok(ro)
       pairs, stats = build_pairs(
         *args,
         positive_ok,
@@ -235,8 +235,8 @@ class CooperReward(StaticRMReward):
     counts = [stats["n_valid"], stats["n_prompts"], stats["negative_tries"]]
     counts = dist.sum_over_processes(np.asarray(counts + [stats["rejects"][k] for k in reasons]))
     n_valid, n_prompts, tries, rejects = int(counts[0]), int(counts[1]), counts[2], counts[3:]
-    m = {} if self.negatives is None else {"pairs/positives_chain_dropped": n_chain_dropped}
-    m |= {
+    m = {
+      "pairs/positives_chain_dropped": n_chain_dropped,
       "pairs/valid_rate": n_valid / n_prompts if n_prompts else 0.0,
       "pairs/n_valid": n_valid,
       "pairs/negative_tries": int(tries),

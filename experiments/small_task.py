@@ -25,6 +25,7 @@ rm.optim.lr explicitly replaces the multiple.
   cooper_onpolicy               beyond the paper: the group's rule-rejected rollouts as negatives
                                 (the rule verifier's recall on this task: 100% of 105 correct
                                 rollouts, results/verifier_comparison)
+  cooper_onpolicy_chainpos      ... with positives whose every line is right (rule + chain check)
   cooper_k4                     beyond the paper: 4 RM steps per policy step on the step's pairs
   static_rm_nostd               control: static_rm with advantages not divided by the group std
                                 (separates drift on std-amplified noise from hacking)
@@ -63,6 +64,11 @@ CONDITIONS = {
   # Precise positives: a rule-correct rollout is a positive only if its whole chain is right
   # (what the rule verifier's imprecision costs Cooper).
   "cooper_chainpos": ("cooper", {"pairs.positive_check": "rule+chain"}),
+  # ... with on-policy negatives: a rule-correct rollout with a wrong line is neither side.
+  "cooper_onpolicy_chainpos": (
+    "cooper",
+    {"pairs.negatives": "on_policy", "pairs.positive_check": "rule+chain"},
+  ),
   # RM-lr dose-response: the RM's lr as 0.1x, 0.3x, 1x, 3x, 30x the policy's (cooper is 10x).
   "cooper_rmlr0p1x": ("cooper", {RM_LR_RATIO: 0.1}),
   "cooper_rmlr0p3x": ("cooper", {RM_LR_RATIO: 0.3}),

@@ -133,9 +133,11 @@ def test_cotraining_closes_a_planted_blind_spot(tmp_path, negatives):
     verifier.close()
 
 
-def test_chain_checked_positives_refuse_a_right_answer_reached_by_wrong_lines(tmp_path):
+@pytest.mark.parametrize("negatives", ["perturb", "on_policy"])
+def test_chain_checked_positives_refuse_a_right_answer_reached_by_wrong_lines(tmp_path, negatives):
   """pairs.positive_check='rule+chain': a rule-correct rollout with a wrong intermediate line is
-  no positive; counted in pairs/positives_chain_dropped."""
+  no positive; counted in pairs/positives_chain_dropped. With on-policy negatives it is no
+  negative either (the rule accepts it)."""
   rows = _rows("train.jsonl", 40)
   multi = [r for r in rows if r["solution"].count("\n") >= 2][:8]  # two or more lines
   assert len(multi) == 8
@@ -169,13 +171,21 @@ def test_chain_checked_positives_refuse_a_right_answer_reached_by_wrong_lines(tm
     c.rollout.prompts_per_step = len(multi)
     c.rollout.group_size = g
     c.pairs.positive_check = check
+    c.pairs.negatives = negatives
     verifier = RuleVerifier(1)
     try:
       results[check] = CooperReward(c, sharding.make_mesh(**c.mesh), verifier).update(ro, 0)
     finally:
       verifier.close()
   assert results["rule"]["pairs/positives_chain_dropped"] == 0
-  assert results["rule"]["pairs/n_valid"] == 8  # every group has a rule-correct rollout
-  # Chain-checked: all 8 wrong-chain rollouts refused; the 4 groups with a gold one keep a pair.
-  assert results["rule+chain"]["pairs/positives_chain_dropped"] == 8
-  assert results["rule+chain"]["pairs/n_valid"] == 4
+  assert results["rule+chain"]["pairs/positives_chain_dropped"] == 8  # every wrong-chain one
+  if negatives == "perturb":
+    assert results["rule"]["pairs/n_valid"] == 8  # every group has a rule-correct rollout
+    # Chain-checked: the 4 groups with a gold solution keep a pair.
+    assert results["rule+chain"]["pairs/n_valid"] == 4
+  else:
+    # On-policy: only groups 4-7 have a rule-rejected rollout; their one rule-correct rollout
+    # is the wrong chain, so the chain check leaves them no positive (groups 0-3: no negative).
+    assert results["rule"]["pairs/n_valid"] == 4
+    assert results["rule+chain"]["pairs/n_valid"] == 0
+    assert results["rule+chain"]["pairs/reject_empty"] == 0  # nothing was generated

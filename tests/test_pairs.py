@@ -236,6 +236,26 @@ def test_on_policy_pairs_take_a_rejected_rollout_of_the_same_group():
     build_on_policy_pairs(qs, ["1"] * 3, comps[:-1], correct[:-1], 4, rng=np.random.default_rng())
 
 
+def test_on_policy_pairs_take_positives_only_where_positive_ok():
+  """A stricter positive check (rule+chain): a rule-correct rollout it refuses is neither the
+  positive nor a negative; a group whose only correct rollouts are refused gives no pair."""
+  qs = ["q0", "q1"]
+  comps = [f"p{p}r{i}" for p in range(2) for i in range(4)]
+  correct = np.array([1, 1, 0, 0, 1, 0, 0, 0], bool)
+  ok = np.array([0, 1, 0, 0, 0, 0, 0, 0], bool)  # p0r0 and p1r0: right answer, wrong chain
+  for seed in range(5):
+    pairs, _ = build_on_policy_pairs(
+      qs, ["1", "2"], comps, correct, 4, rng=np.random.default_rng(seed), positive_ok=ok
+    )
+    assert pairs.valid.tolist() == [True, False]
+    assert pairs.positives[0] == "p0r1" and pairs.negatives[0] in ("p0r2", "p0r3")
+    assert pairs.drop_reason == [None, "no_positive"]
+  with pytest.raises(ValueError, match="rejected"):
+    build_on_policy_pairs(
+      qs, ["1", "2"], comps, correct, 4, rng=np.random.default_rng(), positive_ok=~correct
+    )
+
+
 class EchoNegatives:
   """A broken generator: hands the positive back unchanged."""
 

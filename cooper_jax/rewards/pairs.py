@@ -377,10 +377,14 @@ def build_on_policy_pairs(
   *,
   strategy: str = "first",
   rng: np.random.Generator,
+  positive_ok: np.ndarray | None = None,
 ) -> tuple[PairBatch, dict]:
   """(PairBatch, stats) with each prompt's negative drawn uniformly from its group's rollouts
   that the rule verifier rejected; a group with no correct or no rejected rollout gives no pair
-  ("no_positive" / "no_negative"). stats has build_pairs' keys (no candidates are made)."""
+  ("no_positive" / "no_negative"). positive_ok: which rollouts may be the positive (default:
+  the rule verdicts; a stricter check, e.g. rule+chain, must imply correct_b); a rule-correct
+  rollout it refuses is neither positive nor negative. stats has build_pairs' keys (no
+  candidates are made)."""
   n = len(questions)
   if len(references) != n or len(completions) != n * group_size:
     raise ValueError(
@@ -388,7 +392,10 @@ def build_on_policy_pairs(
       f"groups of {group_size}"
     )
   correct = np.asarray(correct_b, bool).reshape(n, group_size)
-  pos_idx = select_positives(correct, group_size, strategy, rng)
+  ok = correct if positive_ok is None else np.asarray(positive_ok, bool).reshape(n, group_size)
+  if np.any(ok & ~correct):
+    raise ValueError("positive_ok marks a rollout the rule verifier rejected")
+  pos_idx = select_positives(ok, group_size, strategy, rng)
   positives, negs = [""] * n, [""] * n
   drop: list[str | None] = [None] * n
   for p in range(n):
