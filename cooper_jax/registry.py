@@ -18,6 +18,7 @@ import re
 
 REWARD_SOURCES: dict[str, str] = {
   "rule": "cooper_jax.reward_modes:RuleReward",
+  "rule_chain": "cooper_jax.reward_modes:RuleChainReward",
   "static_rm": "cooper_jax.reward_modes:StaticRMReward",
   "cooper": "cooper_jax.reward_modes:CooperReward",
 }

@@ -1,11 +1,12 @@
-"""The three reward modes of a run, one small class each (what differs per step, in one table;
+"""The reward modes of a run, one small class each (what differs per step, in one table;
 `config.reward_mode` selects one by name through cooper_jax.registry, where others plug in):
 
-| mode      | reward of a rollout            | after the policy step                         |
-|-----------|--------------------------------|-----------------------------------------------|
-| rule      | math-verify verdict (0/1)      | nothing                                       |
-| static_rm | sigmoid(score) of a frozen RM  | nothing                                       |
-| cooper    | sigmoid(score) of the RM       | RM step on pairs from this step's rollouts    |
+| mode       | reward of a rollout              | after the policy step                      |
+|------------|----------------------------------|--------------------------------------------|
+| rule       | math-verify verdict (0/1)        | nothing                                    |
+| rule_chain | ... and every line right (arith) | nothing                                    |
+| static_rm  | sigmoid(score) of a frozen RM    | nothing                                    |
+| cooper     | sigmoid(score) of the RM         | RM step on pairs from this step's rollouts |
 
 Cooper's pairs: a rule-verified positive and a negative made from it (`pairs.negatives`
 "perturb" or "llm_rewrite", the paper), or beyond the paper a rule-rejected rollout of the same
@@ -83,6 +84,39 @@ class RuleReward:
 
   def checkpoint_meta(self) -> dict:
     return {}
+
+
+def chain_checked(ro: Rollouts, group_size: int, what: str) -> np.ndarray:
+  """The rule verdicts, and-ed with every computation line being right (the arithmetic task's
+  own checker, `tasks.arith.chain_is_correct`, against the row's `solution`); `what` names the
+  setting in the error for a row without a solution."""
+  from cooper_jax.tasks.arith import chain_is_correct  # pylint: disable=import-outside-toplevel
+
+  ok = np.asarray(ro.correct, bool).copy()
+  for i in np.flatnonzero(ok):
+    row = ro.rows[i // group_size]
+    if "solution" not in row:
+      raise ValueError(
+        f"{what} needs a 'solution' in every data row; row {row.get('id', i // group_size)!r} "
+        "has none"
+      )
+    ok[i] = chain_is_correct(ro.texts[i], row["solution"])
+  return ok
+
+
+class RuleChainReward(RuleReward):
+  """reward = the rule verdict and a right chain (`chain_checked`): the arithmetic task's
+  precise reward, beyond the paper. What a rule reward that also pays for right answers
+  reached through wrong lines does to the policy is its difference from `rule`."""
+
+  def __init__(self, c, mesh=None, verifier: RuleVerifier | None = None):
+    super().__init__(c, mesh, verifier)
+    self.group = c.rollout.group_size
+
+  def rewards(self, ro: Rollouts) -> tuple[np.ndarray, dict]:
+    ok = chain_checked(ro, self.group, "reward_mode='rule_chain'")
+    refused = int(dist.sum_over_processes(np.asarray([int(ro.correct.sum() - ok.sum())]))[0])
+    return ro.gather(ok).astype(np.float32), {"reward/chain_refused": refused}
 
 
 class StaticRMReward(RuleReward):
@@ -269,22 +303,11 @@ class CooperReward(StaticRMReward):
   def _positive_ok(self, ro: Rollouts) -> tuple[np.ndarray, int]:
     """Which rollouts may be a pair's positive, and how many rule-correct ones the chain check
     refused (summed over processes). pairs.positive_check "rule": the rule verdict (the paper);
-    "rule+chain": also every computation line right (the arithmetic task's own checker,
-    `tasks.arith.chain_is_correct`, on rows with a `solution`), the precise-positives variant."""
+    "rule+chain": also every computation line right (`chain_checked`), the precise-positives
+    variant."""
     if self.c.pairs.get("positive_check", "rule") == "rule":
       return ro.correct, 0
-    from cooper_jax.tasks.arith import chain_is_correct  # pylint: disable=import-outside-toplevel
-
-    group = self.c.rollout.group_size
-    ok = ro.correct.copy()
-    for i in np.flatnonzero(ro.correct):
-      row = ro.rows[i // group]
-      if "solution" not in row:
-        raise ValueError(
-          "pairs.positive_check='rule+chain' needs a 'solution' in every data row; "
-          f"row {row.get('id', i // group)!r} has none"
-        )
-      ok[i] = chain_is_correct(ro.texts[i], row["solution"])
+    ok = chain_checked(ro, self.c.rollout.group_size, "pairs.positive_check='rule+chain'")
     return ok, int(dist.sum_over_processes(np.asarray([int(ro.correct.sum() - ok.sum())]))[0])
 
   def _pair_batch(self, pairs, n_total: int, prompt_index: np.ndarray):

@@ -10,6 +10,7 @@ Its artifacts ship in experiments/assets/small_task (how they were made: its REA
 arg = "<condition>[,<workdir>]"; workdir: artifacts rebuilt elsewhere (tools/run_study.py
 --workdir), default the shipped ones. Conditions:
   rule, static_rm, cooper       the paper's three (cooper: perturb negatives, RM lr 10x the policy's)
+  rule_chain                    control: the rule reward only where every line is also right
 
 The RM's lr is a multiple of the policy's (an ml_collections reference), so a policy-lr override
 moves it too: `--set policy.optim.lr=6e-4` gives cooper 6e-3 and cooper_rmlr3x 1.8e-3. Setting
@@ -52,6 +53,7 @@ REWRITE = {
 RM_LR_RATIO = "rm_lr_ratio"  # the RM's lr as a multiple of the policy's (default 10)
 CONDITIONS = {
   "rule": ("rule", {}),
+  "rule_chain": ("rule_chain", {}),
   "static_rm": ("static_rm", {}),
   "cooper": ("cooper", {}),
   "cooper_onpolicy": ("cooper", {"pairs.negatives": "on_policy"}),

@@ -16,7 +16,7 @@ from cooper_jax import optim, sharding, steps
 from cooper_jax.config import load_config
 from cooper_jax.io import read_jsonl
 from cooper_jax.prompts import encode_rm_inputs
-from cooper_jax.reward_modes import CooperReward, Rollouts
+from cooper_jax.reward_modes import CooperReward, Rollouts, RuleChainReward, RuleReward
 from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.tasks import blind_spot
 from cooper_jax.tasks.arith import make_wrong_solution, parse_solution
@@ -133,15 +133,11 @@ def test_cotraining_closes_a_planted_blind_spot(tmp_path, negatives):
     verifier.close()
 
 
-@pytest.mark.parametrize("negatives", ["perturb", "on_policy"])
-def test_chain_checked_positives_refuse_a_right_answer_reached_by_wrong_lines(tmp_path, negatives):
-  """pairs.positive_check='rule+chain': a rule-correct rollout with a wrong intermediate line is
-  no positive; counted in pairs/positives_chain_dropped. With on-policy negatives it is no
-  negative either (the rule accepts it)."""
-  rows = _rows("train.jsonl", 40)
-  multi = [r for r in rows if r["solution"].count("\n") >= 2][:8]  # two or more lines
-  assert len(multi) == 8
-  g = 2
+def _wrong_chain_rollouts() -> tuple[list[dict], Rollouts]:
+  """8 prompts x 2 rollouts: first a right answer reached through a wrong first line (the rule
+  accepts it), then the gold solution (prompts 0-3) or a wrong answer (prompts 4-7)."""
+  multi = [r for r in _rows("train.jsonl", 40) if r["solution"].count("\n") >= 2][:8]
+  assert len(multi) == 8  # two or more lines each
   texts, correct = [], []
   for i, r in enumerate(multi):
     lines = r["solution"].split("\n")
@@ -152,15 +148,40 @@ def test_chain_checked_positives_refuse_a_right_answer_reached_by_wrong_lines(tm
       r["solution"] if i < 4 else make_wrong_solution(r, np.random.default_rng(i)),
     ]
     correct += [True, i < 4]
-  ro = Rollouts(
+  return multi, Rollouts(
     rows=multi,
-    questions=[r["question"] for r in multi for _ in range(g)],
-    refs=[str(r["answer"]) for r in multi for _ in range(g)],
+    questions=[r["question"] for r in multi for _ in range(2)],
+    refs=[str(r["answer"]) for r in multi for _ in range(2)],
     texts=texts,
     correct=np.asarray(correct),
     index=np.arange(len(texts)),
     n_total=len(texts),
   )
+
+
+def test_rule_chain_reward_pays_only_right_chains():
+  """reward_mode rule_chain: the rule's 1 only where every line is right too; a row without a
+  solution is an error naming it."""
+  multi, ro = _wrong_chain_rollouts()
+  c = load_config(str(ROOT / "experiments" / "tiny.py") + ":rule")
+  c.rollout.group_size = 2
+  rule, _ = RuleReward(c).rewards(ro)
+  chain, m = RuleChainReward(c).rewards(ro)
+  assert rule.tolist() == [1.0] * 8 + [1.0, 0.0] * 4
+  assert chain.tolist() == [0.0, 1.0] * 4 + [0.0] * 8
+  assert m["reward/chain_refused"] == 8
+  del multi[2]["solution"]
+  with pytest.raises(ValueError, match="rule_chain.*row"):
+    RuleChainReward(c).rewards(ro)
+
+
+@pytest.mark.parametrize("negatives", ["perturb", "on_policy"])
+def test_chain_checked_positives_refuse_a_right_answer_reached_by_wrong_lines(tmp_path, negatives):
+  """pairs.positive_check='rule+chain': a rule-correct rollout with a wrong intermediate line is
+  no positive; counted in pairs/positives_chain_dropped. With on-policy negatives it is no
+  negative either (the rule accepts it)."""
+  multi, ro = _wrong_chain_rollouts()
+  g = 2
   probe = tmp_path / "probe.jsonl"
   from cooper_jax.io import write_jsonl  # pylint: disable=import-outside-toplevel
 

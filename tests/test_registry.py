@@ -18,7 +18,7 @@ def _tiny(*overrides):
 @pytest.mark.parametrize(
   "key,value,known",
   [
-    ("reward_mode", "rulez", "['cooper', 'rule', 'static_rm']"),
+    ("reward_mode", "rulez", "['cooper', 'rule', 'rule_chain', 'static_rm']"),
     ("pairs.negatives", "perturbb", "['llm_rewrite', 'on_policy', 'perturb']"),
   ],
 )
