@@ -86,10 +86,11 @@ class RuleReward:
     return {}
 
 
-def chain_checked(ro: Rollouts, group_size: int, what: str) -> np.ndarray:
+def chain_checked(ro: Rollouts, group_size: int, what: str) -> tuple[np.ndarray, int]:
   """The rule verdicts, and-ed with every computation line being right (the arithmetic task's
-  own checker, `tasks.arith.chain_is_correct`, against the row's `solution`); `what` names the
-  setting in the error for a row without a solution."""
+  own checker, `tasks.arith.chain_is_correct`, against the row's `solution`), and how many
+  rule-correct rollouts the check refused (summed over processes); `what` names the setting in
+  the error for a row without a solution."""
   from cooper_jax.tasks.arith import chain_is_correct  # pylint: disable=import-outside-toplevel
 
   ok = np.asarray(ro.correct, bool).copy()
@@ -101,7 +102,7 @@ def chain_checked(ro: Rollouts, group_size: int, what: str) -> np.ndarray:
         "has none"
       )
     ok[i] = chain_is_correct(ro.texts[i], row["solution"])
-  return ok
+  return ok, int(dist.sum_over_processes(np.asarray([int(ro.correct.sum() - ok.sum())]))[0])
 
 
 class RuleChainReward(RuleReward):
@@ -114,8 +115,7 @@ class RuleChainReward(RuleReward):
     self.group = c.rollout.group_size
 
   def rewards(self, ro: Rollouts) -> tuple[np.ndarray, dict]:
-    ok = chain_checked(ro, self.group, "reward_mode='rule_chain'")
-    refused = int(dist.sum_over_processes(np.asarray([int(ro.correct.sum() - ok.sum())]))[0])
+    ok, refused = chain_checked(ro, self.group, "reward_mode='rule_chain'")
     return ro.gather(ok).astype(np.float32), {"reward/chain_refused": refused}
 
 
@@ -307,8 +307,7 @@ class CooperReward(StaticRMReward):
     variant."""
     if self.c.pairs.get("positive_check", "rule") == "rule":
       return ro.correct, 0
-    ok = chain_checked(ro, self.c.rollout.group_size, "pairs.positive_check='rule+chain'")
-    return ok, int(dist.sum_over_processes(np.asarray([int(ro.correct.sum() - ok.sum())]))[0])
+    return chain_checked(ro, self.c.rollout.group_size, "pairs.positive_check='rule+chain'")
 
   def _pair_batch(self, pairs, n_total: int, prompt_index: np.ndarray):
     """This process's valid pairs first, then as few invalid rows as the bucketed row count
