@@ -73,6 +73,7 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--runs", nargs="+", required=True, help="training run directories")
   p.add_argument("--out", required=True, help="markdown report")
+  p.add_argument("--policy", default=str(ASSETS / "policy"), help="the untrained policy (HF dir)")
   a = p.parse_args(argv)
 
   from cooper_jax.checkpoint import load_policy_for_eval  # pylint: disable=C0415
@@ -82,8 +83,8 @@ def main(argv=None) -> None:
   from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
 
   rows, _ = load_qa(str(ASSETS / "data" / "test.jsonl"))
-  tok = load_tokenizer(str(ASSETS / "policy"))
-  cfg0, params0 = load_pretrained(str(ASSETS / "policy"))
+  tok = load_tokenizer(a.policy)
+  cfg0, params0 = load_pretrained(a.policy)
   with RuleVerifier(1) as verifier:
     base = greedy_records(cfg0, params0, tok, rows, verifier)
     runs = {}
@@ -95,7 +96,7 @@ def main(argv=None) -> None:
   lines = [
     "# Greedy flips against the untrained policy",
     "",
-    f"`python tools/greedy_flips.py --runs {' '.join(a.runs)} --out {a.out}`",
+    f"`python tools/greedy_flips.py --runs {' '.join(a.runs)} --out {a.out} --policy {a.policy}`",
     "",
     f"Held-out split: {len(rows)} problems; untrained greedy accuracy {right0.mean():.3f}.",
     "",
