@@ -23,6 +23,8 @@ rm.optim.lr explicitly replaces the multiple.
   cooper_planted                (even answers scored correct), frozen or co-trained
   static_rm_weak, cooper_weak   a weak natural RM (rm_weak/: stopped early, no planted flaw),
                                 frozen or co-trained: hacking without a hand-made exploit
+  cooper_weak_rewrite,          ... co-trained with llm_rewrite / on-policy negatives
+  cooper_weak_onpolicy
   cooper_onpolicy               beyond the paper: the group's rule-rejected rollouts as negatives
                                 (the rule verifier's recall on this task: 100% of 105 correct
                                 rollouts, results/verifier_comparison)
@@ -87,6 +89,10 @@ CONDITIONS = {
   # 0.596, precision 0.566, recall 0.452); frozen, or co-trained as Cooper's.
   "static_rm_weak": ("static_rm", WEAK),
   "cooper_weak": ("cooper", WEAK),
+  # ... co-trained as the paper runs it (llm_rewrite negatives, RM lr 10x), or on its own
+  # group's rule-rejected rollouts; their frozen twin is static_rm_weak.
+  "cooper_weak_rewrite": ("cooper", {**WEAK, **REWRITE}),
+  "cooper_weak_onpolicy": ("cooper", {**WEAK, "pairs.negatives": "on_policy"}),
 }
 
 

@@ -164,6 +164,17 @@ def test_comparison_pairs():
     ("static_rm_nostd", "cooper"),
   ]
   assert report.comparison_pairs(["untrained", "rule"]) == [("rule", "untrained")]
+  # a co-trained variant named by its RM and its negatives is compared with that RM frozen
+  names = ["untrained", "rule", "static_rm_weak", "cooper_weak_rewrite"]
+  assert report.comparison_pairs(names) == [
+    ("rule", "untrained"),
+    ("static_rm_weak", "rule"),
+    ("static_rm_weak", "untrained"),
+    ("cooper_weak_rewrite", "static_rm_weak"),
+    ("cooper_weak_rewrite", "rule"),
+    ("cooper_weak_rewrite", "untrained"),
+  ]
+  assert report.example_twins(names[1:]) == ("static_rm_weak", "cooper_weak_rewrite")
 
 
 def test_curves_smooth_each_seed_then_aggregate():

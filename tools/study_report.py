@@ -45,9 +45,15 @@ def color(cond: str) -> str:
   return others[sum(map(ord, cond)) % len(others)]
 
 
-def frozen_twin(condition: str) -> str | None:
-  """cooper_X's frozen twin, static_rm_X (the same RM, not co-trained); None for other names."""
-  return "static_rm_" + condition[len("cooper_") :] if condition.startswith("cooper_") else None
+def frozen_twin(condition: str, present=()) -> str | None:
+  """cooper_X's frozen twin, static_rm_X (the same RM, not co-trained); None for other names.
+  For cooper_X_Y (X's RM, Y its negatives) without a static_rm_X_Y among `present`, the
+  longest static_rm_X that is (cooper_weak_rewrite -> static_rm_weak)."""
+  if not condition.startswith("cooper_"):
+    return None
+  parts = condition[len("cooper_") :].split("_")
+  names = ["static_rm_" + "_".join(parts[:k]) for k in range(len(parts), 0, -1)]
+  return next((n for n in names if n in present), names[0])
 
 
 def example_twins(conditions) -> tuple[str, str]:
@@ -57,7 +63,7 @@ def example_twins(conditions) -> tuple[str, str]:
   present = set(conditions)
   cooper_variants = [c for c in conditions if c.startswith("cooper_")]
   candidates = [("static_rm", "cooper")]
-  candidates += [(frozen_twin(c), c) for c in cooper_variants]
+  candidates += [(frozen_twin(c, present), c) for c in cooper_variants]
   candidates += [("static_rm", c) for c in cooper_variants]
   return next((p for p in candidates if set(p) <= present), candidates[0])
 
@@ -74,7 +80,7 @@ def comparison_pairs(conditions) -> list[tuple[str, str]]:
       continue
     refs = ("static_rm", "cooper") if c.startswith("static_rm") else ("cooper", "static_rm")
     pairs += [(c, r) for r in refs if r in present]
-    twin = frozen_twin(c)
+    twin = frozen_twin(c, present)
     if twin in present:
       pairs.append((c, twin))
     if not any(r in present for r in refs):
