@@ -119,3 +119,27 @@ def test_small_task_rm_lr_is_a_multiple_of_the_policy_lr(cond, ratio):
   assert moved.rm.optim.lr == pytest.approx(ratio * 6e-4, rel=1e-12)
   fixed = config_lib.load_config(spec, ["policy.optim.lr=6e-4", "rm.optim.lr=2e-3"])
   assert fixed.rm.optim.lr == 2e-3 and fixed.policy.optim.lr == 6e-4
+
+
+@pytest.mark.parametrize("cond", ["rule", "static_rm_weak", "cooper_weak_rewrite"])
+def test_small_task_wide_is_small_task_with_the_wide_policy_and_its_schedule(cond):
+  """small_task_wide.py = small_task.py + the wider policy, lr 2e-4, cosine, 300 steps: the
+  settings results/wide_study ran as small_task.py overrides."""
+  wide = config_lib.load_config(f"{ROOT}/experiments/small_task_wide.py:{cond}")
+  base = config_lib.load_config(
+    f"{ROOT}/experiments/small_task.py:{cond}",
+    [
+      "policy.optim.lr=2e-4",
+      "policy.optim.schedule=warmup_cosine",
+      "rm.optim.schedule=warmup_cosine",
+      "train.steps=300",
+      "train.eval_every=20",
+    ],
+  )
+  assert wide.policy.model.endswith("small_task/policy_wide")
+  assert (Path(wide.policy.model) / "model.safetensors").is_file()
+  base.policy.model = wide.policy.model
+  assert wide.to_dict() == base.to_dict()
+  if cond.startswith("cooper"):  # the paper's ratio, following the policy's lr
+    assert wide.rm.optim.lr == pytest.approx(2e-3, rel=1e-12)
+    assert wide.rm.model.endswith("small_task/rm_weak")

@@ -1,6 +1,7 @@
 """The reproduction study in one command: an untrained baseline and every condition of
-experiments/small_task.py (rule, static_rm, cooper and their variants), each over several
-seeds, on the small arithmetic task; evaluated on its held-out split.
+experiments/small_task.py (rule, static_rm, cooper and their variants; --experiment names
+another such file, e.g. small_task_wide.py), each over several seeds, on the small arithmetic
+task; evaluated on its held-out split.
 
   python tools/run_study.py --out results/small_study            # builds what is missing
   python tools/run_study.py --out results/x --seeds 0,1,2 --steps 40 --set train.eval_every=5
@@ -48,11 +49,16 @@ def parse_args(argv=None):
     default="experiments/assets/small_task",
     help="small-task artifacts (default: the shipped ones; another dir is built if missing)",
   )
+  p.add_argument(
+    "--experiment",
+    default="experiments/small_task.py",
+    help="the conditions' config file (experiments/small_task_wide.py: the wider testbed)",
+  )
   p.add_argument("--seeds", default="0,1,2,3,4")
   p.add_argument(
     "--conditions",
     default=",".join(CONDITIONS),
-    help="modes of experiments/small_task.py; the untrained baseline is always added",
+    help="conditions of --experiment; the untrained baseline is always added",
   )
   p.add_argument("--jobs", type=int, default=2, help="runs (subprocesses) at a time")
   p.add_argument("--steps", type=int, default=None, help="override train.steps")
@@ -125,7 +131,7 @@ def build_artifacts(a) -> None:
 def _config(a, mode: str, seed: int):
   from cooper_jax.config import load_config  # pylint: disable=import-outside-toplevel
 
-  c = load_config(f"{ROOT}/experiments/small_task.py:{mode},{ROOT / a.workdir}", a.set)
+  c = load_config(f"{ROOT}/{a.experiment}:{mode},{ROOT / a.workdir}", a.set)
   c.seed = seed
   if a.steps:
     c.train.steps = a.steps  # the optimizers' total_steps follow it
@@ -181,7 +187,7 @@ def run_one(a, cond: str, seed: int) -> dict:
       from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
       from cooper_jax.weights import load_pretrained  # pylint: disable=import-outside-toplevel
 
-      policy_dir = str(ROOT / a.workdir / "policy")
+      policy_dir = _config(a, "rule", seed).policy.model  # the experiment's SFT policy
       (cfg, params), tok = load_pretrained(policy_dir), load_tokenizer(policy_dir)
     else:
       from cooper_jax.train import train  # pylint: disable=import-outside-toplevel

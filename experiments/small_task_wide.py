@@ -1,0 +1,42 @@
+"""The small task's Evidence III testbed: a 4x wider policy, lr 2e-4, 300 steps, cosine lr.
+
+The conditions, data, RMs and assistant are experiments/small_task.py's (see its docstring);
+what changes is the policy and the schedule:
+  policy_wide/  d_model 128 (0.86M parameters), SFT'd like policy/ on the same data
+                (tools/sft_small_policy.py --d_model 128; experiments/assets/small_task/README.md)
+  lr 2e-4 with a 20-step warm-up, then a cosine to 0 over 300 steps (the RM's schedule too;
+  its lr stays the condition's multiple of the policy's, 10x for cooper).
+
+Why (results/wide_policy): on the 0.23M policy the rule reward raises sampled held-out accuracy
+but greedy accuracy falls a few points in every seed (results/greedy_kl); the wider policy at lr
+2e-4 gains +19 points sampled in every seed with greedy within 1 point, and with the weak RM
+(rm_weak/) frozen it is hacked in 5 of 5 seeds. The conditions of its study: rule,
+static_rm_weak (the frozen RM), cooper_weak_rewrite (the paper's Cooper: llm_rewrite negatives,
+RM lr 10x), cooper_weak / cooper_weak_onpolicy (perturb / on-policy negatives).
+
+  python -m cooper_jax.train --config experiments/small_task_wide.py:cooper_weak_rewrite \\
+      --workdir runs/wide_cooper
+arg = "<condition>[,<workdir>]" as small_task.py's; the workdir holds policy_wide/.
+"""
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+  "_experiments_small_task", Path(__file__).with_name("small_task.py")
+)
+small_task = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(small_task)
+
+
+def get_config(arg: str = "cooper_weak_rewrite"):
+  parts = (arg or "cooper_weak_rewrite").split(",")
+  work = parts[1] if len(parts) > 1 else str(small_task.SHIPPED)
+  c = small_task.get_config(arg or "cooper_weak_rewrite")
+  c.policy.model = f"{work}/policy_wide"
+  c.policy.optim.lr = 2e-4  # a reference: the RM's lr (a multiple of it) follows
+  c.policy.optim.schedule = "warmup_cosine"
+  c.rm.optim.schedule = "warmup_cosine"
+  c.train.steps = 300  # the optimizers' total_steps follow it
+  c.train.eval_every = 20
+  return c
