@@ -23,8 +23,9 @@ rm.optim.lr explicitly replaces the multiple.
   cooper_planted                (even answers scored correct), frozen or co-trained
   static_rm_weak, cooper_weak   a weak natural RM (rm_weak/: stopped early, no planted flaw),
                                 frozen or co-trained: hacking without a hand-made exploit
-  cooper_weak_rewrite,          ... co-trained with llm_rewrite / on-policy negatives (RM lr 10x;
-  cooper_weak_onpolicy          _rmlr1x: at 1x the policy's)
+  cooper_weak_rewrite,          ... co-trained with llm_rewrite / on-policy negatives (RM lr 10x);
+  cooper_weak_onpolicy          cooper_weak_rewrite_rmlr{1,3,30}x, cooper_weak_onpolicy_rmlr1x:
+                                the RM's lr at that multiple of the policy's
   cooper_onpolicy               beyond the paper: the group's rule-rejected rollouts as negatives
                                 (the rule verifier's recall on this task: 100% of 105 correct
                                 rollouts, results/verifier_comparison)
@@ -94,6 +95,8 @@ CONDITIONS = {
   "cooper_weak_rewrite": ("cooper", {**WEAK, **REWRITE}),
   "cooper_weak_onpolicy": ("cooper", {**WEAK, "pairs.negatives": "on_policy"}),
   "cooper_weak_rewrite_rmlr1x": ("cooper", {**WEAK, **REWRITE, RM_LR_RATIO: 1}),
+  "cooper_weak_rewrite_rmlr3x": ("cooper", {**WEAK, **REWRITE, RM_LR_RATIO: 3}),
+  "cooper_weak_rewrite_rmlr30x": ("cooper", {**WEAK, **REWRITE, RM_LR_RATIO: 30}),
   "cooper_weak_onpolicy_rmlr1x": (
     "cooper",
     {**WEAK, "pairs.negatives": "on_policy", RM_LR_RATIO: 1},
