@@ -12,7 +12,7 @@ but greedy accuracy falls a few points in every seed (results/greedy_kl); the wi
 2e-4 gains +19 points sampled in every seed with greedy within 1 point, and with the weak RM
 (rm_weak/) frozen it is hacked in 5 of 5 seeds. The conditions of its study: rule,
 static_rm_weak (the frozen RM), cooper_weak_rewrite (the paper's Cooper: llm_rewrite negatives,
-RM lr 10x), cooper_weak / cooper_weak_onpolicy (perturb / on-policy negatives).
+RM lr 10x); ablations cooper_weak_rewrite_rmlr{1,3,30}x and cooper_weak_onpolicy_rmlr1x.
 
   python -m cooper_jax.train --config experiments/small_task_wide.py:cooper_weak_rewrite \\
       --workdir runs/wide_cooper
@@ -30,10 +30,8 @@ _spec.loader.exec_module(small_task)
 
 
 def get_config(arg: str = "cooper_weak_rewrite"):
-  parts = (arg or "cooper_weak_rewrite").split(",")
-  work = parts[1] if len(parts) > 1 else str(small_task.SHIPPED)
   c = small_task.get_config(arg or "cooper_weak_rewrite")
-  c.policy.model = f"{work}/policy_wide"
+  c.policy.model = str(Path(c.policy.model).with_name("policy_wide"))  # beside <work>/policy
   c.policy.optim.lr = 2e-4  # a reference: the RM's lr (a multiple of it) follows
   c.policy.optim.schedule = "warmup_cosine"
   c.rm.optim.schedule = "warmup_cosine"
