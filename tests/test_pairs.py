@@ -361,6 +361,32 @@ def test_llm_rewrite_negatives_generate(tiny_smol, verifier):
   assert stats["dropped_max_tries"] == 3 - stats["n_valid"]
 
 
+def test_llm_rewrite_min_rows_keeps_one_batch_shape_and_the_same_rewrites(tiny_smol):
+  """min_rows pads every call, first try and retries, to one row count: one sampler shape
+  where 1, 3 and 5 rows would take three; the filler rows change no real row's rewrite (each
+  row is drawn with its own key)."""
+  cfg, params, tok = tiny_smol
+  qs = ["What is 3*6?", "What is 2+2?", "Name a prime.", "What is 9-1?", "What is 5*5?"]
+  pos = ["3*6 = \\boxed{18}", "2+2 = \\boxed{4}", "\\boxed{7}", "9-1 = 8", "\\boxed{25}"]
+  seeds = [11, 22, 33, 44, 55]
+  padded = LLMRewriteNegatives(cfg, params, tok, max_new_tokens=6, min_rows=8)
+  plain = LLMRewriteNegatives(cfg, params, tok, max_new_tokens=6)
+  shapes = []
+  inner = padded._sample
+
+  def recording(tokens, mask, keys, n):
+    shapes.append(tuple(tokens.shape))
+    return inner(tokens, mask, keys, n)
+
+  padded._sample = recording
+  rng = np.random.default_rng(0)
+  for n in (1, 3, 5):
+    got = padded.generate(qs[:n], pos[:n], 0, rng, row_seeds=seeds[:n])
+    assert got == plain.generate(qs[:n], pos[:n], 0, rng, row_seeds=seeds[:n])
+  assert [s[0] for s in shapes] == [8, 8, 8]  # unpadded: 1, 4, 8 rows
+  assert len(set(shapes)) == 1
+
+
 def test_plain_rewrite_format_is_the_question_and_solution_alone(tiny_smol):
   """The format an assistant without instructions is trained on (tools/train_small_rewriter.py):
   the user turn is the question, a newline and the correct solution; no system message."""

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import json
+import pstats
 import sys
 import tempfile
 import time
@@ -84,6 +86,9 @@ def main(argv=None) -> None:
   ap.add_argument("--steps", type=int, default=30, help="profiled steps")
   ap.add_argument("--warmup", type=int, default=5, help="steps run first, not profiled")
   ap.add_argument("--set", action="append", default=[], help="config override key=value")
+  ap.add_argument(
+    "--cprofile", type=int, default=0, help="also print the N host functions of most own time"
+  )
   args = ap.parse_args(argv)
   c = load_config(args.config, args.set)
   with c.unlocked():
@@ -97,6 +102,9 @@ def main(argv=None) -> None:
     instrument(run)
     step_times, own = [], collections.defaultdict(list)
     per_step = collections.defaultdict(list)
+    prof = cProfile.Profile() if args.cprofile else None
+    if prof:
+      prof.enable()
     for _ in range(args.steps):
       TIMES.clear()
       t0 = time.perf_counter()
@@ -106,6 +114,8 @@ def main(argv=None) -> None:
         per_step[k].append(v)
       for k in ("time/sample_s", "time/verify_s", "time/policy_s", "time/rm_s", "time/step_s"):
         own[k].append(m[k])
+    if prof:
+      prof.disable()
     run.close()
   total = float(np.median(step_times))
   rows = {k: float(np.median(v)) for k, v in per_step.items()}
@@ -118,6 +128,8 @@ def main(argv=None) -> None:
   for k, v in own.items():
     print(f"  {k:<28} {float(np.median(v)):7.3f}")
   print(json.dumps({"step_s": total, **rows}))
+  if prof:
+    pstats.Stats(prof).sort_stats("tottime").print_stats(args.cprofile)
 
 
 if __name__ == "__main__":

@@ -373,7 +373,11 @@ def main(argv=None) -> dict | None:
   t_build = time.perf_counter() - t0
   seeds = [int(s) for s in a.seeds.split(",")]
   conditions = [c for c in a.conditions.split(",") if c and c != "untrained"]
-  done = run_all(a, argv, [(c, s) for c in ("untrained", *conditions) for s in seeds])
+  # The longest runs first and the untrained evaluations (seconds each) last, so that the last
+  # runs to finish are short ones and no job waits long on one core (conditions are listed
+  # cheapest first: rule, frozen RM, co-trained RM).
+  order = [*reversed(conditions), "untrained"]
+  done = run_all(a, argv, [(c, s) for c in order for s in seeds])
   return report_study(a, seeds, conditions, done, t0, t_build)
 
 

@@ -8,6 +8,8 @@ Importing this module does not import jax (the registry and the CLIs' config che
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from cooper_jax import distributed as dist
@@ -68,8 +70,10 @@ class LLMRewriteNegatives:
   The sampler takes one static length per batch, so the batch runs for
   min(max_new_tokens, max over rows of words + 500) tokens and each row is then cut to its
   own budget, as the per-request max_tokens of the reference code would. Rows are padded to
-  a power of two and prompts to a multiple of `batch_pad_multiple` tokens, so retries on a
-  few rows reuse a handful of compiled shapes.
+  a power of two, at least `min_rows` (from_config: the groups a process holds, the most
+  positives a step can bring), and prompts to a multiple of `batch_pad_multiple` tokens, so
+  the first try and the retries on a few rows run one compiled shape per prompt width (each
+  row has its own key: the filler rows change no real row's draw).
 
   With a `mesh` (the training run's) the assistant's params are global arrays and each call
   is collective: every process brings its own rows (those of the groups it holds), the row
@@ -96,6 +100,7 @@ class LLMRewriteNegatives:
     prompt_format: str = "paper",
     mesh=None,
     decode_weights: str = "sharded",
+    min_rows: int = 1,
   ):
     if max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -106,6 +111,7 @@ class LLMRewriteNegatives:
     self.temperature, self.top_p = temperature, top_p
     self.max_new_tokens, self.batch_pad_multiple = max_new_tokens, batch_pad_multiple
     self.mesh = mesh
+    self.min_rows = max(1, int(min_rows))
     self.collective = mesh is not None
     # The sampler's weight layout on the mesh (config pairs.assistant_decode_weights).
     self.decode_weights = decode_weights if mesh is not None else "sharded"
@@ -137,7 +143,12 @@ class LLMRewriteNegatives:
       prompt_format=p.rewrite_format,
       mesh=mesh,
       decode_weights=p.assistant_decode_weights,
+      min_rows=-(-c.rollout.prompts_per_step // dist.process_count()),
     )
+
+  def _rows(self, n: int) -> int:
+    """The batch rows for n prompts: a power of two, at least min_rows."""
+    return 1 << (max(n, self.min_rows, 1) - 1).bit_length()
 
   def chat_prompts(self, questions: list[str], positives: list[str]) -> list[str]:
     return [
@@ -169,7 +180,7 @@ class LLMRewriteNegatives:
   def _sample_local(self, prompts, budgets, row_seeds):
     import jax  # pylint: disable=import-outside-toplevel
 
-    rows = 1 << (len(prompts) - 1).bit_length()
+    rows = self._rows(len(prompts))
     tokens, mask = self.tokenizer.encode_prompts(
       prompts + [prompts[-1]] * (rows - len(prompts)),  # filler rows, discarded
       pad_to_multiple=self.batch_pad_multiple,
@@ -196,8 +207,7 @@ class LLMRewriteNegatives:
       int(v)
       for v in dist.allgather(np.asarray([n, tokens.shape[1], max(budgets, default=1)])).max(0)
     )
-    rows = 1 << (max(n_max, 1) - 1).bit_length()
-    rows = -(-rows // per_proc) * per_proc
+    rows = -(-self._rows(n_max) // per_proc) * per_proc
     fill = rows - len(tokens)  # filler rows (copies of the last), discarded on the way back
     tokens = np.concatenate([tokens, np.repeat(tokens[-1:], fill, 0)])
     mask = np.concatenate([mask, np.repeat(mask[-1:], fill, 0)])
@@ -208,7 +218,7 @@ class LLMRewriteNegatives:
     rows_sh = sharding.batch_sharding(self.mesh, 1)
     put = lambda x, sh: dist.put_local_rows(x, sh, shape + x.shape[1:])
     bs = sharding.batch_sharding(self.mesh)
-    keys = jax.jit(jax.vmap(jax.random.key), out_shardings=rows_sh)(put(seeds, rows_sh))
+    keys = _row_keys(rows_sh)(put(seeds, rows_sh))
     out = self._sample(put(tokens, bs), put(mask, bs), keys, budget)
     return dist.fetch_local_rows(out.tokens), dist.fetch_local_rows(out.mask)
 
@@ -230,3 +240,12 @@ class LLMRewriteNegatives:
       pad_id=self.tokenizer.pad_id,
       weights_sharding=ws,
     )
+
+
+@functools.cache
+def _row_keys(out_sharding):
+  """One compiled seeds -> keys map per output sharding (a jit built per call compiles anew
+  at every call)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  return jax.jit(jax.vmap(jax.random.key), out_shardings=out_sharding)
