@@ -21,6 +21,7 @@ rm.optim.lr explicitly replaces the multiple.
   cooper_rmlr0p{1,3}x           ... and at 0.1x / 0.3x (below the ratio, toward a frozen RM)
   static_rm_planted,            the co-training positive control: an RM with a planted blind spot
   cooper_planted                (even answers scored correct), frozen or co-trained
+  cooper_planted_rewrite        ... co-trained with llm_rewrite negatives (the paper's Cooper)
   static_rm_weak, cooper_weak   a weak natural RM (rm_weak/: stopped early, no planted flaw),
                                 frozen or co-trained: hacking without a hand-made exploit
   cooper_weak_rewrite,          ... co-trained with llm_rewrite / on-policy negatives (RM lr 10x);
@@ -85,6 +86,8 @@ CONDITIONS = {
   "static_rm_planted": ("static_rm", PLANTED),
   "cooper_planted": ("cooper", PLANTED),
   "cooper_planted_rmlr30x": ("cooper", {**PLANTED, RM_LR_RATIO: 30}),
+  # ... co-trained as the paper runs it: llm_rewrite negatives, RM lr 10x.
+  "cooper_planted_rewrite": ("cooper", {**PLANTED, **REWRITE}),
   # A weak natural RM (no planted flaw): 300 BCE steps on the current policy's labelled
   # rollouts, stopped before it learns the answer comparison well (held-out rollouts: accuracy
   # 0.596, precision 0.566, recall 0.452); frozen, or co-trained as Cooper's.

@@ -19,6 +19,7 @@ import collections
 import cProfile
 import json
 import pstats
+import shutil
 import sys
 import tempfile
 import time
@@ -87,6 +88,12 @@ def main(argv=None) -> None:
   ap.add_argument("--warmup", type=int, default=5, help="steps run first, not profiled")
   ap.add_argument("--set", action="append", default=[], help="config override key=value")
   ap.add_argument(
+    "--resume",
+    default="",
+    help="a run's workdir: profile from its latest checkpoint (a copy; e.g. a hacked policy "
+    "whose responses run to the length cap) instead of from step 0",
+  )
+  ap.add_argument(
     "--cprofile", type=int, default=0, help="also print the N host functions of most own time"
   )
   args = ap.parse_args(argv)
@@ -96,7 +103,11 @@ def main(argv=None) -> None:
     c.train.eval_every = 0
     c.train.checkpoint_every = 10**9
   with tempfile.TemporaryDirectory() as work:
+    if args.resume:
+      shutil.copytree(Path(args.resume) / "checkpoints", Path(work) / "checkpoints")
     run = train_lib.Run(c, work)
+    with c.unlocked():
+      c.train.steps += run.step  # the resumed step's schedule goes on past it
     for _ in range(args.warmup):
       run.train_step()
     instrument(run)
