@@ -192,8 +192,6 @@ class LLMRewriteNegatives:
 
   def _sample_global(self, prompts, budgets, row_seeds):
     """The collective path (see the class doc): this process's rows of one global batch."""
-    import jax  # pylint: disable=import-outside-toplevel
-
     from cooper_jax import sharding  # pylint: disable=import-outside-toplevel
 
     n, procs = len(prompts), dist.process_count()
