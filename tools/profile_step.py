@@ -98,16 +98,18 @@ def main(argv=None) -> None:
   )
   args = ap.parse_args(argv)
   c = load_config(args.config, args.set)
+  ckpts = Path(args.resume) / "checkpoints" if args.resume else None
+  if ckpts is not None and not ckpts.is_dir():
+    raise SystemExit(f"--resume {args.resume}: no checkpoints/ folder at {ckpts}")
   with c.unlocked():
-    c.train.steps = args.warmup + args.steps
+    if ckpts is None:  # resumed: the run's own train.steps, so its lr schedule goes on as it did
+      c.train.steps = args.warmup + args.steps
     c.train.eval_every = 0
     c.train.checkpoint_every = 10**9
   with tempfile.TemporaryDirectory() as work:
-    if args.resume:
-      shutil.copytree(Path(args.resume) / "checkpoints", Path(work) / "checkpoints")
+    if ckpts is not None:
+      shutil.copytree(ckpts, Path(work) / "checkpoints")
     run = train_lib.Run(c, work)
-    with c.unlocked():
-      c.train.steps += run.step  # the resumed step's schedule goes on past it
     for _ in range(args.warmup):
       run.train_step()
     instrument(run)

@@ -148,7 +148,7 @@ class LLMRewriteNegatives:
 
   def _rows(self, n: int) -> int:
     """The batch rows for n prompts: a power of two, at least min_rows."""
-    return 1 << (max(n, self.min_rows, 1) - 1).bit_length()
+    return 1 << (max(n, self.min_rows) - 1).bit_length()
 
   def chat_prompts(self, questions: list[str], positives: list[str]) -> list[str]:
     return [
