@@ -139,6 +139,8 @@ class StaticRMReward(RuleReward):
     )
     probe = c.data.get("rm_probe", "")
     self.probe = _read_rows(probe, ("question", "answer", "response")) if probe else None
+    self._eval_inputs = {}  # the held-out sets' RM inputs, encoded once (`_held_out_scores`)
+    self._eval_memo = (None, {})  # (the state evaluate() scored, its metrics)
 
   @staticmethod
   def optimizer(c):
@@ -151,6 +153,11 @@ class StaticRMReward(RuleReward):
     texts are the same on every process (held-out pairs); else they are this process's rows
     of a batch of n_total, and the rewards returned are those rows'. With
     rm.merge_duplicate_rows equal (question, reference, text) rows are scored once."""
+    return self._score_inputs(self._inputs(questions, refs, texts, n_total))
+
+  def _inputs(self, questions, refs, texts, n_total):
+    """`score`'s RM inputs: (tokens, mask: global arrays; each text's row, or None; which
+    inputs were cut to rm.max_len; n_total)."""
     slot = None
     if self.c.rm.merge_duplicate_rows:
       n = len(texts)
@@ -175,6 +182,10 @@ class StaticRMReward(RuleReward):
         dist.put_local_rows(x, bs, (n_total, width))
         for x in widen_left(tok, mask, width, self.tokenizer.pad_id)
       )
+    return tok, mask, slot, cut, n_total
+
+  def _score_inputs(self, inputs) -> tuple[np.ndarray, int]:
+    tok, mask, slot, cut, n_total = inputs
     r = self.reward_fn(self.state["params"], tok, mask)
     r = dist.fetch(r) if n_total is None else dist.fetch_local_rows(r)
     if slot is not None:
@@ -190,29 +201,40 @@ class StaticRMReward(RuleReward):
 
   def evaluate(self) -> dict:
     """RM on held-out (positive, negative) pairs: pair accuracy and classifier accuracy; on the
-    probe (wrong responses with one pattern): mean reward and the share scored above 0.5."""
+    probe (wrong responses with one pattern): mean reward and the share scored above 0.5.
+    Scored again only when the RM state changed since the last call (an RM step, a restore):
+    a frozen RM's numbers are computed once per run."""
+    if self._eval_memo[0] is self.state:
+      return dict(self._eval_memo[1])
     m = {}
     if self.eval_pairs:
-      pairs = self.eval_pairs
-      q = [p["question"] for p in pairs] * 2
-      a = [str(p["answer"]) for p in pairs] * 2
-      r, _ = self.score(q, a, [p["positive"] for p in pairs] + [p["negative"] for p in pairs])
-      pos, neg = r[: len(pairs)], r[len(pairs) :]
+      r = self._held_out_scores("pairs")
+      pos, neg = r[: len(self.eval_pairs)], r[len(self.eval_pairs) :]
       m["eval/rm_pair_acc"] = float(np.mean(pos > neg))
       m["eval/rm_cls_acc"] = float(np.mean(np.concatenate([pos > 0.5, neg <= 0.5])))
     if self.probe:
       r = self.probe_scores()
       m["eval/rm_probe_score"] = float(np.mean(r))
       m["eval/rm_probe_above_half"] = float(np.mean(r > 0.5))
-    return m
+    self._eval_memo = (self.state, m)
+    return dict(m)
 
   def probe_scores(self) -> np.ndarray:
     """The RM's reward on each probe response (the same on every process)."""
-    rows = self.probe
-    r, _ = self.score(
-      [p["question"] for p in rows], [str(p["answer"]) for p in rows], [p["response"] for p in rows]
-    )
-    return r
+    return self._held_out_scores("probe")
+
+  def _held_out_scores(self, which: str) -> np.ndarray:
+    """The current RM's rewards on a held-out set ("pairs": every positive, then every
+    negative; "probe"), its inputs encoded at the first call."""
+    if which not in self._eval_inputs:
+      if which == "pairs":
+        rows = self.eval_pairs * 2
+        texts = [p["positive"] for p in self.eval_pairs] + [p["negative"] for p in self.eval_pairs]
+      else:
+        rows, texts = self.probe, [p["response"] for p in self.probe]
+      q, a = [p["question"] for p in rows], [str(p["answer"]) for p in rows]
+      self._eval_inputs[which] = self._inputs(q, a, texts, None)
+    return self._score_inputs(self._eval_inputs[which])[0]
 
   def checkpoint_meta(self) -> dict:
     return {"rm_model": dataclasses.asdict(self.cfg)}

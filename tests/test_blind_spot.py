@@ -210,3 +210,60 @@ def test_chain_checked_positives_refuse_a_right_answer_reached_by_wrong_lines(tm
     assert results["rule"]["pairs/n_valid"] == 4
     assert results["rule+chain"]["pairs/n_valid"] == 0
     assert results["rule+chain"]["pairs/reject_empty"] == 0  # nothing was generated
+
+
+def test_rm_evaluation_is_rescored_only_when_the_rm_changed(tmp_path):
+  """evaluate() keeps its numbers while the RM state is the one it scored (a frozen RM is scored
+  once a run), and scores again after an RM step or a new state (a restore), equal to scoring
+  the held-out sets afresh."""
+  from cooper_jax.io import write_jsonl  # pylint: disable=import-outside-toplevel
+
+  probe = blind_spot.probe_rows(_rows("test.jsonl", 16), np.random.default_rng(7))
+  pairs = _rows("rm_eval_pairs.jsonl", 16)
+  write_jsonl(tmp_path / "probe.jsonl", probe)
+  write_jsonl(tmp_path / "pairs.jsonl", pairs)
+  c = _cooper_config(tmp_path / "probe.jsonl")
+  c.data.rm_eval_pairs = str(tmp_path / "pairs.jsonl")
+  verifier = RuleVerifier(1)
+  try:
+    reward = CooperReward(c, sharding.make_mesh(**c.mesh), verifier)
+    calls, reward_fn = [], reward.reward_fn
+    reward.reward_fn = lambda *args: calls.append(1) or reward_fn(*args)
+
+    def afresh():  # the held-out sets scored by `score`, as one batch each
+      r, _ = reward.score(
+        [p["question"] for p in pairs] * 2,
+        [str(p["answer"]) for p in pairs] * 2,
+        [p["positive"] for p in pairs] + [p["negative"] for p in pairs],
+      )
+      pos, neg = r[: len(pairs)], r[len(pairs) :]
+      pr, _ = reward.score(
+        [p["question"] for p in probe],
+        [str(p["answer"]) for p in probe],
+        [p["response"] for p in probe],
+      )
+      return {
+        "eval/rm_pair_acc": float(np.mean(pos > neg)),
+        "eval/rm_cls_acc": float(np.mean(np.concatenate([pos > 0.5, neg <= 0.5]))),
+        "eval/rm_probe_score": float(np.mean(pr)),
+        "eval/rm_probe_above_half": float(np.mean(pr > 0.5)),
+      }
+
+    first = reward.evaluate()
+    assert len(calls) == 2  # the pairs, the probe
+    assert reward.evaluate() == first and len(calls) == 2  # the same RM: not scored again
+    assert first == afresh()
+
+    rows = _rows("train.jsonl", c.rollout.prompts_per_step)
+    m = reward.update(blind_spot.gold_and_slip_rollouts(rows, np.random.default_rng(3)), 0)
+    assert m["rm_train/updated"] == 1.0
+    calls.clear()
+    after = reward.evaluate()
+    assert len(calls) == 2 and after["eval/rm_probe_score"] != first["eval/rm_probe_score"]
+    assert after == afresh()
+
+    reward.state = dict(reward.state)  # a restored state: a new object, the same values
+    calls.clear()
+    assert reward.evaluate() == after and len(calls) == 2
+  finally:
+    verifier.close()
