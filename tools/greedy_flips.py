@@ -8,7 +8,7 @@ over its own greedy response (a near-tie flips under any small change of the wei
 length, and one run's first line that differs. What it answers: does greedy accuracy fall on the
 same problems in every run (a systematic change) or on near-ties (noise in the weights)?
 
-  python tools/greedy_flips.py --runs results/study_avx512/runs/rule_s{0,1} --out flips.md
+  python tools/greedy_flips.py --runs results/wide_study8/runs/rule_s{0,1} --out flips.md
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """Compare conditions recorded by different tools/run_study.py invocations, at the seed level.
 
-The runs are deterministic (the same condition, seed and settings give the same per-seed values
-in another invocation: results/study_main vs results/study_300), so arms from several study
-folders can be paired by seed. Each arm is LABEL=STUDY_DIR:CONDITION; every arm must hold
+The runs are deterministic on one machine (the same condition, seed and settings give the same
+per-seed values in another invocation there; on another VM they drift apart from ~1e-8 at step
+1, README), so arms from several study folders can be paired by seed. Each arm is LABEL=STUDY_DIR:CONDITION; every arm must hold
 heldout.json for every seed, with the same held-out evaluation. Each arm's config.json keys that
 differ from the first arm's are listed, so what varies between the arms is on the record.
 
   python tools/pool_studies.py --out results/rm_lr_dose_response --seeds 0,1,2,3,4 \\
-      --arm frozen=results/study_main:static_rm --arm 1x=results/study_300_rm1x:cooper ...
+      --arm frozen=results/wide_study8:static_rm_weak \\
+      --arm 1x=results/wide_ablations:cooper_weak_rewrite_rmlr1x ...
 
 Writes <out>/table.md and <out>/results.json: per-arm per-seed held-out accuracy with the
 hierarchical bootstrap CI, and every arm minus the first (and minus --also, if given) paired by
