@@ -180,6 +180,10 @@ def base_config() -> ml_collections.ConfigDict:
     # "replicated" (gathered once per sampler call; each step needs no collective, costs the
     # whole copy in the compute dtype per device; sampling.sample, BUILD.md).
     decode_weights="sharded",
+    # A prompt's keys/values held once for its G rows and read once per decode step, instead
+    # of copied to each row (sampling.sample shared_prompt): the same distribution, values equal
+    # up to float32 rounding. Off by default so that recorded runs replay bit for bit.
+    shared_prompt_decode=False,
   )
 
   # negatives: "perturb" / "llm_rewrite" (made from the positive, the paper's design) or
@@ -342,10 +346,9 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
         f"config.{section}.merge_duplicate_rows needs whole batches: config.{section}.{key}="
         f"{c[section][key]} must be 0 (or set config.{section}.merge_duplicate_rows=False)"
       )
-  if not isinstance(c.rollout.grow_cache, bool):
-    raise ValueError(
-      f"config.rollout.grow_cache must be True or False, got {c.rollout.grow_cache!r}"
-    )
+  for key in ("grow_cache", "shared_prompt_decode"):
+    if not isinstance(c.rollout.get(key, False), bool):
+      raise ValueError(f"config.rollout.{key} must be True or False, got {c.rollout[key]!r}")
   if not isinstance(c.train.save_rollouts, int) or c.train.save_rollouts < 0:
     raise ValueError(
       f"config.train.save_rollouts must be an int >= 0, got {c.train.save_rollouts!r}"

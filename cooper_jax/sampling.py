@@ -168,11 +168,13 @@ def prefill(
   pad_id: int = 0,
   group_size: int = 1,
   cache_new_slots: int | None = None,
+  shared_prompt: bool = False,
 ) -> tuple[DecodeState, jax.Array]:
   """The prompts' forward pass: (the decode loop's initial state, next_pos_b [b], the RoPE
   position of the token fed at step 0 of each row). The cache has p + cache_new_slots slots
   (default max_new_tokens; `_grow_cache` adds more), the prompt's keys/values in the first p;
-  with group_size > 1 it holds G copies of each prompt's (see `sample`)."""
+  with group_size > 1 it holds G copies of each prompt's (see `sample`), or with shared_prompt
+  each prompt's once (KVCache.prompt_k) and cache_new_slots slots per row."""
   model = Transformer(cfg)
   variables = {"params": params}
   n = max_new_tokens
@@ -184,14 +186,21 @@ def prefill(
     variables, tokens_bp, pos_bp, mask_bp, method=Transformer.hidden
   )
   logits_bv = model.apply(variables, h_bpd[:, -1:], method=Transformer.logits)[:, 0]
-  if group_size > 1:
-    rows = lambda x, axis=0: jnp.repeat(x, group_size, axis=axis)
-    k_lbpke, v_lbpke = rows(k_lbpke, 1), rows(v_lbpke, 1)
-    mask_bp, pos_bp, logits_bv = rows(mask_bp), rows(pos_bp), rows(logits_bv)
-  b, p = mask_bp.shape
   # [l, b, p, k, e] -> per layer the cache's [b, k, p, e], once per call.
   kv = lambda x_lbpke: tuple(jnp.swapaxes(x.astype(cfg.jnp_dtype), 1, 2) for x in x_lbpke)
-  cache = KVCache(k=kv(k_lbpke), v=kv(v_lbpke), mask=mask_bp, length=jnp.int32(p))
+  rows = lambda x, axis=0: jnp.repeat(x, group_size, axis=axis)
+  if shared_prompt:
+    prompt = dict(prompt_k=kv(k_lbpke), prompt_v=kv(v_lbpke), prompt_mask=mask_bp)
+    pos_bp, logits_bv = rows(pos_bp), rows(logits_bv)
+    b, e = pos_bp.shape[0], cfg.head_dim
+    empty = tuple(jnp.zeros((b, cfg.n_kv_heads, 0, e), cfg.jnp_dtype) for _ in k_lbpke)
+    cache = KVCache(empty, empty, jnp.zeros((b, 0), bool), jnp.int32(0), **prompt)
+  else:
+    if group_size > 1:
+      k_lbpke, v_lbpke = rows(k_lbpke, 1), rows(v_lbpke, 1)
+      mask_bp, pos_bp, logits_bv = rows(mask_bp), rows(pos_bp), rows(logits_bv)
+    b, p = mask_bp.shape
+    cache = KVCache(k=kv(k_lbpke), v=kv(v_lbpke), mask=mask_bp, length=jnp.int32(p))
   cache = _grow_cache(cache, slots)
   state = DecodeState(
     step=jnp.int32(0),
@@ -275,6 +284,7 @@ def decode_step(
     "cache_segments",
     "grow_cache",
     "weights_sharding",
+    "shared_prompt",
   ),
 )
 def sample(
@@ -294,6 +304,7 @@ def sample(
   cache_segments: int = CACHE_SEGMENTS,
   grow_cache: bool = True,
   weights_sharding: jax.sharding.Sharding | None = None,
+  shared_prompt: bool = False,
 ) -> SampleOutput:
   """Samples max_new_tokens after left-padded prompts; deterministic for a given rng.
 
@@ -305,7 +316,11 @@ def sample(
   group_size G > 1: `tokens_bp` holds each prompt once ([u, p]) and G samples are drawn per
   prompt (output rows u * G, prompt-major, as GRPO groups). Each prompt is prefilled once and
   its cache copied to its G rows, instead of prefilling G identical copies; the samples are
-  those of the G-times-repeated batch with the same rng.
+  those of the G-times-repeated batch with the same rng. shared_prompt (config
+  rollout.shared_prompt_decode): the prompt's cache is not copied either: its G rows read one
+  copy at every decode step (`transformer.attend_shared_prompt`), so a step reads the prompts'
+  keys/values u times, not u * G; the same distribution, the values equal up to float32
+  rounding (so a near-tie can draw another token).
 
   `prefill`, then `decode_step` in a while_loop until max_new_tokens or every row stopped
   (cooper_jax.aot.decode compiles that same step alone for a TPU topology).
@@ -338,8 +353,9 @@ def sample(
     pad_id=pad_id,
     group_size=group_size,
     cache_new_slots=ends[0] if grow_cache else None,
+    shared_prompt=shared_prompt and group_size > 1,
   )
-  p = tokens_bp.shape[1]
+  p = 0 if state.cache.prompt_k is not None else tokens_bp.shape[1]  # prompt slots in the cache
   split = split_layers(params, cfg.jnp_dtype)  # once per call, outside the loop
   if weights_sharding is not None:
     split = jax.lax.with_sharding_constraint(split, weights_sharding)

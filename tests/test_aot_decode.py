@@ -195,6 +195,29 @@ def test_replicated_decode_weights_read_the_whole_copy_without_collectives(tiny_
 
 
 @needs_libtpu
+def test_shared_prompt_decode_reads_each_prompt_once(tiny_decode):
+  """rollout.shared_prompt_decode: the cache holds each of the 4 prompts' 256 slots once and
+  each of the 16 rows' 16 own slots (counted by hand), and the compiled step reads less than
+  the copied-prompt step by at least the copies it no longer holds, less the prompts' share,
+  and at least its own floor."""
+  from cooper_jax.aot import decode
+
+  c, copied = tiny_decode
+  r = decode.compile_decode_step(
+    _tiny_config("rollout.shared_prompt_decode=True"), TOPOLOGY, config_name="tiny"
+  )
+  m = c.policy.random_model
+  per_slot = 2 * 4 * m.n_layers * m.n_kv_heads * m.head_dim  # k + v, float32, every layer
+  prompts, rows, fsdp = c.rollout.prompts_per_step, 16, 4
+  want = per_slot * (prompts * 256 + rows * 16) // fsdp
+  assert r.cache_bytes == want < copied.cache_bytes == per_slot * rows * 272 // fsdp
+  assert r.cache_avg_bytes == pytest.approx(per_slot * (prompts * 256 + rows * 8) / fsdp)
+  assert r.param_bytes == copied.param_bytes
+  assert copied.xla_bytes - r.xla_bytes >= (copied.cache_bytes - r.cache_bytes) * 0.9
+  assert r.xla_bytes >= r.floor_bytes and r.xla_bytes_avg >= r.floor_avg_bytes
+
+
+@needs_libtpu
 def test_decode_floor_with_tensor_parallel():
   """tensor=2 splits the kv heads of the cache (and the heads / d_ff of the weights)."""
   from cooper_jax import aot, sharding

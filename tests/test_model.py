@@ -160,6 +160,29 @@ def test_group_sampling_prefills_once_and_matches_the_repeated_batch(params):
   assert len({tuple(r) for r in np.asarray(grp.tokens[:g]).tolist()}) > 1
 
 
+@pytest.mark.parametrize("segments,grow", [(3, True), (3, False)])
+def test_shared_prompt_decode_draws_the_copied_prompts_samples(params, segments, grow):
+  """A prompt's cache read once by its G rows (KVCache.prompt_k) instead of copied to each:
+  the samples of the copied-cache sampler with the same rng (left-padded prompts of three
+  lengths, EOS on), logprobs equal up to float32 summation order."""
+  g = 4
+  toks, mask = _left_pad(ROWS, 8)
+  kw = dict(cfg=TINY, max_new_tokens=12, temperature=1.0, top_p=0.95, pad_id=PAD, eos_ids=(3,))
+  kw.update(group_size=g, cache_segments=segments, grow_cache=grow)
+  copied = sample(params, toks, mask, jax.random.key(11), **kw)
+  shared = sample(params, toks, mask, jax.random.key(11), shared_prompt=True, **kw)
+  np.testing.assert_array_equal(shared.tokens, copied.tokens)
+  np.testing.assert_array_equal(shared.mask, copied.mask)
+  atol = _logprob_atol(params, np.repeat(toks, g, 0), np.repeat(mask, g, 0), copied)
+  np.testing.assert_allclose(shared.logprobs, copied.logprobs, atol=atol)
+  assert not np.asarray(copied.mask).all()  # some rows stopped early: EOS handled alike
+  state, _ = sampling.prefill(
+    params, toks, mask, cfg=TINY, max_new_tokens=12, group_size=g, shared_prompt=True
+  )
+  assert state.cache.prompt_k[0].shape[0] == len(ROWS)  # one copy per prompt
+  assert state.cache.k[0].shape[2] == 12  # the rows' own slots only
+
+
 def test_top_k_one_is_greedy(params):
   toks, mask = _left_pad(ROWS, 8)
   greedy = sample(
@@ -319,6 +342,24 @@ def test_sampler_on_sharded_params_matches_single_device(params, decode_weights)
   np.testing.assert_allclose(
     out.logprobs, ref.logprobs, atol=_logprob_atol(params, toks, mask, ref)
   )
+
+
+@pytest.mark.parametrize("prompts", [4, 2], ids=["prompts_split", "prompts_replicated"])
+def test_shared_prompt_decode_on_8_devices_matches_single_device(params, prompts):
+  """The shared prompt's cache on a (data 2, fsdp 2, tensor 2) mesh, its prompts split over
+  the batch devices (4) or replicated (2, as train.py places prompts that do not divide), G=2:
+  the 1-device samples, logprobs to float32 summation order."""
+  toks, mask = _left_pad((ROWS + [[3, 4, 5]])[:prompts], 8)
+  kw = dict(cfg=TINY, max_new_tokens=6, temperature=1.0, pad_id=PAD, group_size=2)
+  ref = sample(params, toks, mask, jax.random.key(7), shared_prompt=True, **kw)
+  mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+  sh = sharding.batch_sharding(mesh) if prompts == 4 else sharding.replicated(mesh)
+  put = lambda x: jax.device_put(x, sh)
+  sp = sharding.shard_tree(params, mesh)
+  out = sample(sp, put(toks), put(mask), jax.random.key(7), shared_prompt=True, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  atol = _logprob_atol(params, np.repeat(toks, 2, 0), np.repeat(mask, 2, 0), ref)
+  np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=atol)
 
 
 def test_score_head_reads_last_real_token(params):

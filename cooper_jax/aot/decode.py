@@ -19,7 +19,7 @@ Reported per chip, one step:
   live KV cache, either the whole static cache (what today's attention reads: it scores every
   slot and masks) or the average filled part over the decode, prompt + max_new_tokens / 2
   slots. The prompt part counts every row's copy (the sampler copies a prompt's cache to its
-  group_size rows).
+  group_size rows), or each prompt once with rollout.shared_prompt_decode (KVCache.prompt_k).
 - gathered_floor: the parameters as fsdp reads them: every chip gathers the whole weight set
   (split only over tensor) each step, in the compute dtype (XLA casts the shards before the
   all-gather), plus the whole cache: the floor of this sharding scheme.
@@ -113,12 +113,21 @@ def _axis_if_divides(mesh, axes, dim: int):
   return axes if size == 1 or dim % size == 0 else None
 
 
-def decode_shardings(cfg: ModelConfig, mesh, rows: int) -> DecodeState:
+def decode_shardings(cfg: ModelConfig, mesh, rows: int, prompts: int | None = None) -> DecodeState:
   """NamedShardings of the decode carry: rows over data x fsdp, kv heads over tensor (the
-  cache is per layer [b, k, s, e])."""
+  cache is per layer [b, k, s, e]); prompts: a shared prompt's cache (KVCache.prompt_k, per
+  layer [u, k, p, e]), its prompts over data x fsdp like the rows."""
   b = _axis_if_divides(mesh, sharding.BATCH_AXES, rows)
   kv = _axis_if_divides(mesh, "tensor", cfg.n_kv_heads) if mesh.shape["tensor"] > 1 else None
   ns = lambda *spec: NamedSharding(mesh, P(*spec))
+  shared = {}
+  if prompts is not None:
+    u = _axis_if_divides(mesh, sharding.BATCH_AXES, prompts)
+    shared = dict(
+      prompt_k=(ns(u, kv, None, None),) * cfg.n_layers,
+      prompt_v=(ns(u, kv, None, None),) * cfg.n_layers,
+      prompt_mask=ns(u, None),
+    )
   return DecodeState(
     step=ns(),
     cache=KVCache(
@@ -126,6 +135,7 @@ def decode_shardings(cfg: ModelConfig, mesh, rows: int) -> DecodeState:
       v=(ns(b, kv, None, None),) * cfg.n_layers,
       mask=ns(b, None),
       length=ns(),
+      **shared,
     ),
     logits_bv=ns(b, None),
     done_b=ns(b),
@@ -149,9 +159,11 @@ def abstract_decode_inputs(
   new_tokens: int,
   group_size: int = 1,
   weights_sharding=None,
+  shared_prompt: bool = False,
 ):
   """(params, state, next_pos_b, rng) as ShapeDtypeStructs with shardings; the state's shapes
-  are those `sampling.prefill` makes (rows / group_size prompts of prompt_len tokens). params
+  are those `sampling.prefill` makes (rows / group_size prompts of prompt_len tokens; with
+  shared_prompt and group_size > 1 each prompt's cache once). params
   are split per layer as `sample` hands them to decode_step (transformer.split_layers), each
   layer's shard the stacked parameter's without its layer axis, or every leaf in
   `weights_sharding` (sample's, rollout.decode_weights)."""
@@ -164,9 +176,10 @@ def abstract_decode_inputs(
     cfg=cfg,
     max_new_tokens=new_tokens,
     group_size=group_size,
+    shared_prompt=shared_prompt and group_size > 1,
   )
   state_shapes, pos_shape = jax.eval_shape(fill, params, tok, msk)
-  shardings = decode_shardings(cfg, mesh, rows)
+  shardings = decode_shardings(cfg, mesh, rows, u if state_shapes.cache.prompt_k else None)
   state = _with(state_shapes, shardings)
   next_pos = jax.ShapeDtypeStruct(pos_shape.shape, pos_shape.dtype, sharding=shardings.done_b)
   rng = jax.eval_shape(lambda: jax.random.key(0))
@@ -189,13 +202,17 @@ def lower_decode_step(
   pad_id: int = 0,
   read_slots: int | None = None,
   weights_sharding=None,
+  shared_prompt: bool = False,
 ):
   """(lowered sampling.decode_step, its abstract inputs): the carry donated and kept in its
   shardings, as the while_loop holds it; the attention reading the first read_slots cache
-  slots (default all); the weights in `weights_sharding` (None: as the params are)."""
+  slots (default all; with a shared prompt, of the rows' own slots); the weights in
+  `weights_sharding` (None: as the params are)."""
   inputs = abstract_decode_inputs(
-    cfg, mesh, rows, prompt_len, new_tokens, group_size, weights_sharding
+    cfg, mesh, rows, prompt_len, new_tokens, group_size, weights_sharding, shared_prompt
   )
+  cache = inputs[1].cache
+  prompts = cache.prompt_mask.shape[0] if cache.prompt_k else None
   step = jax.jit(
     functools.partial(
       decode_step,
@@ -208,7 +225,7 @@ def lower_decode_step(
       read_slots=read_slots,
     ),
     donate_argnums=1,
-    out_shardings=decode_shardings(cfg, mesh, rows),
+    out_shardings=decode_shardings(cfg, mesh, rows, prompts),
   )
   return step.lower(*inputs), inputs
 
@@ -219,13 +236,28 @@ def _cost(compiled) -> tuple[float, float]:
   return float(ca.get("bytes accessed", 0.0)), float(ca.get("flops", 0.0))
 
 
-def floor_bytes(cfg: ModelConfig, mesh, rows: int, prompt_len: int, new_tokens: int, group_size=1):
+def floor_bytes(
+  cfg: ModelConfig,
+  mesh,
+  rows: int,
+  prompt_len: int,
+  new_tokens: int,
+  group_size=1,
+  shared_prompt: bool = False,
+):
   """(param bytes, whole-cache bytes, average filled-cache bytes) on one device: its shards of
   the parameters as stored (policy.param_dtype; the sampler's per-call copy in the compute
   dtype is half of that for float32 params and bf16 compute) and of the cache's k and v (the
-  cache's valid-slot mask, 1 byte per slot per row, is left out), no compile."""
-  _, state, _, _ = abstract_decode_inputs(cfg, mesh, rows, prompt_len, new_tokens, group_size)
-  cache = device_bytes((state.cache.k, state.cache.v))
+  cache's valid-slot mask, 1 byte per slot per row, is left out; a shared prompt's keys and
+  values counted once per prompt), no compile."""
+  _, state, _, _ = abstract_decode_inputs(
+    cfg, mesh, rows, prompt_len, new_tokens, group_size, shared_prompt=shared_prompt
+  )
+  c = state.cache
+  if c.prompt_k:  # the rows' own slots fill over the decode; the prompts' are full throughout
+    prompt, own = device_bytes((c.prompt_k, c.prompt_v)), device_bytes((c.k, c.v))
+    return device_bytes(abstract_params(cfg, mesh)), prompt + own, prompt + own / 2
+  cache = device_bytes((c.k, c.v))
   avg = cache * (prompt_len + new_tokens / 2) / (prompt_len + new_tokens)
   return device_bytes(abstract_params(cfg, mesh)), cache, avg
 
@@ -264,7 +296,9 @@ def compile_decode_step(
     eos_ids=(cfg.eos_id,) if cfg.eos_id is not None else (),
     pad_id=cfg.pad_id or 0,
     weights_sharding=sharding.decode_weights(mesh, weights),
+    shared_prompt=bool(ro.get("shared_prompt_decode", False)) and g > 1,
   )
+  before = 0 if kw["shared_prompt"] else p_len  # cache slots ahead of the rows' own
   full = lower_decode_step(cfg, mesh, rows, p_len, n, **kw)[0].compile()
   raw_bytes, raw_flops = _cost(full)
   mem = full.memory_analysis()
@@ -273,11 +307,12 @@ def compile_decode_step(
   # The decode's steps, segment by segment, each reading its segment's part of the cache.
   ends = segment_ends(n, cache_segments)
   seg_bytes = [
-    _cost(lower_decode_step(cfg, mesh, rows, p_len, n, read_slots=p_len + e, **kw)[0].compile())[0]
+    _cost(lower_decode_step(cfg, mesh, rows, p_len, n, read_slots=before + e, **kw)[0].compile())[0]
     for e in ends[:-1]
   ] + [raw_bytes]
   xb_avg = sum((e - s) * b for e, s, b in zip(ends, [0] + ends[:-1], seg_bytes)) / n * per_chip
-  par, cache, cache_avg = (x * per_chip for x in floor_bytes(cfg, mesh, rows, p_len, n, g))
+  floor = floor_bytes(cfg, mesh, rows, p_len, n, g, kw["shared_prompt"])
+  par, cache, cache_avg = (x * per_chip for x in floor)
   itemsize = jnp.dtype(cfg.jnp_dtype).itemsize
   gathered = cfg.num_params() * itemsize / mesh.shape["tensor"] * per_chip
   flops = forward_flops(cfg, rows, 1, p_len + n + 1, 1) / chips

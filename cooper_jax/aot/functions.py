@@ -122,8 +122,9 @@ def _sampler_spec(
       cfg, mesh, rows, prompt, new, read_slots=slots, **step_kw
     )[0]
     starts = [0] + ends[:-1]
+    before = 0 if step_kw.get("shared_prompt") else prompt  # cache slots ahead of the rows' own
     return [
-      (end - start, lower(None if end == new else prompt + end)) for start, end in zip(starts, ends)
+      (end - start, lower(None if end == new else before + end)) for start, end in zip(starts, ends)
     ]
 
   return FnSpec(
@@ -191,6 +192,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       cache_segments=ro.cache_segments,
       grow_cache=ro.grow_cache,
       weights_sharding=sharding.decode_weights(mesh, ro.decode_weights),
+      shared_prompt=bool(ro.get("shared_prompt_decode", False)) and ro.group_size > 1,
     )
   )
 

@@ -45,6 +45,12 @@ class KVCache(NamedTuple):
   v: tuple[jax.Array, ...]
   mask: jax.Array
   length: jax.Array  # int32 scalar: slots [0, length) are filled
+  # A shared prompt (`sampling.sample(..., shared_prompt=True)`): each prompt's keys/values
+  # once, per layer [u, k, p, e], and its mask [u, p], for b = u * G rows (prompt-major); k, v
+  # and mask then hold only the rows' own (response) slots. None: every row's prompt is in k, v.
+  prompt_k: tuple[jax.Array, ...] | None = None
+  prompt_v: tuple[jax.Array, ...] | None = None
+  prompt_mask: jax.Array | None = None
 
 
 def _tokens_flat(x_btd):
@@ -144,6 +150,42 @@ def attend(q_bkqe, k_bkse, v_bkse, ok_bts, group: int, dtype, chunk_bytes: int =
   return jnp.swapaxes(out, 0, 1).reshape(q_bkqe.shape)
 
 
+def attend_shared_prompt(q_bkqe, prompt_kv, k_bkse, v_bkse, ok_bts, group: int, dtype):
+  """`attend` over each row's prompt keys/values, then its own, with the prompt held once per
+  prompt: prompt_kv = (keys, values [u, k, p, e], mask [u, p]) for b = u * G rows, prompt-major.
+  The same values as `attend` over the rows' [prompt copy, own] caches up to float32 rounding
+  (the two parts' mixing sums are added, not summed as one, and normalised after the mixing),
+  with a prompt's keys and values read once for its G rows instead of copied G times (the
+  decode's largest read at a short response: sampling.sample)."""
+  pk_ukpe, pv_ukpe, pok_up = prompt_kv
+  b, kh, gt, e = q_bkqe.shape
+  u, p = pok_up.shape
+  rows, t = b // u, gt // group
+  # [b, k, gt, .] <-> [u, k, G * gt, .]: a prompt's G rows side by side as one query block.
+  to_prompt = lambda x: jnp.swapaxes(x.reshape(u, rows, kh, gt, -1), 1, 2).reshape(
+    u, kh, rows * gt, -1
+  )
+  to_rows = lambda x: jnp.swapaxes(x.reshape(u, kh, rows, gt, -1), 1, 2).reshape(b, kh, gt, -1)
+  f32 = jnp.float32
+  s_p = jnp.einsum(  # [u, k, G * gt, p]: kept in the prompts' layout, as its values are
+    "ukre,ukpe->ukrp", to_prompt(q_bkqe), pk_ukpe.astype(q_bkqe.dtype), preferred_element_type=f32
+  )
+  s_p = jnp.where(pok_up[:, None, None, :], s_p, _NEG_INF)
+  s_r = jnp.einsum(
+    "bkqe,bkse->bkqs", q_bkqe, k_bkse.astype(q_bkqe.dtype), preferred_element_type=f32
+  ).reshape(b, kh, group, t, -1)
+  s_r = jnp.where(ok_bts[:, None, None], s_r, _NEG_INF).reshape(b, kh, gt, -1)
+  # The softmax over [prompt, own] slots in two parts (one max, one denominator) and normalised
+  # after the mixing: no concatenated or transposed copy of the scores, one pass less over them.
+  m = jnp.maximum(to_rows(s_p.max(-1, keepdims=True)), s_r.max(-1, keepdims=True))
+  m = jax.lax.stop_gradient(m)
+  e_p, e_r = jnp.exp(s_p - to_prompt(m)), jnp.exp(s_r - m)
+  denom = to_rows(e_p.sum(-1, keepdims=True)) + e_r.sum(-1, keepdims=True)
+  out_p = to_rows(jnp.einsum("ukrp,ukpe->ukre", e_p.astype(dtype), pv_ukpe.astype(dtype)))
+  out_r = jnp.einsum("bkqs,bkse->bkqe", e_r.astype(dtype), v_bkse.astype(dtype))
+  return ((out_p.astype(f32) + out_r.astype(f32)) / denom).astype(dtype)
+
+
 class Attention(nn.Module):
   cfg: ModelConfig
 
@@ -157,11 +199,13 @@ class Attention(nn.Module):
     cache_mask_bs=None,
     cache_index=0,
     read_slots: int | None = None,
+    prompt_kv=None,
   ):
     """-> (out [b, t, d], kv). Without a cache: causal attention within the call, kv = this
     call's (k, v) [b, t, k, e]. With cache_kv = (k, v) [b, k, s, e]: the call's tokens (all
     real) go to slots [cache_index, cache_index + t) and kv is the updated cache; the attention
-    reads its first read_slots slots (static; default all, which must cover the filled ones)."""
+    reads its first read_slots slots (static; default all, which must cover the filled ones).
+    prompt_kv: a shared prompt ahead of the cache (`attend_shared_prompt`; KVCache.prompt_k)."""
     cfg = self.cfg
     dense = lambda feats, name, bias, axis=-1: nn.DenseGeneral(
       feats,
@@ -215,7 +259,10 @@ class Attention(nn.Module):
       # Queries as [b, k, g * t, e]: dots batched over (b, k) whose operands and results need
       # no transposes of the cache-sized arrays (2x faster on a CPU than [b, k, g, t, s]).
       q_bkqe = jnp.transpose(q_btkge, (0, 2, 3, 1, 4)).reshape(b, cfg.n_kv_heads, g * t, -1)
-      out_bkqe = attend(q_bkqe, k_bkse, v_bkse, ok_bts, g, cfg.jnp_dtype, cfg.attn_chunk_bytes)
+      if prompt_kv is None:
+        out_bkqe = attend(q_bkqe, k_bkse, v_bkse, ok_bts, g, cfg.jnp_dtype, cfg.attn_chunk_bytes)
+      else:
+        out_bkqe = attend_shared_prompt(q_bkqe, prompt_kv, k_bkse, v_bkse, ok_bts, g, cfg.jnp_dtype)
       out_btkge = jnp.transpose(out_bkqe.reshape(b, cfg.n_kv_heads, g, t, -1), (0, 3, 1, 2, 4))
     out_bthe = out_btkge.reshape(b, t, cfg.n_heads, cfg.head_dim)
     out_btd = dense(cfg.d_model, "o", False, axis=(-2, -1))(out_bthe)
@@ -258,6 +305,7 @@ class Block(nn.Module):
     cache_mask_bs=None,
     cache_index=0,
     read_slots: int | None = None,
+    prompt_kv=None,
   ):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
@@ -271,7 +319,7 @@ class Block(nn.Module):
 
     if not isinstance(x_btd, tuple):
       return layer(
-        x_btd, positions_bt, mask_bt, layer_cache, cache_mask_bs, cache_index, read_slots
+        x_btd, positions_bt, mask_bt, layer_cache, cache_mask_bs, cache_index, read_slots, prompt_kv
       )
     (x_pd, x_bnd), (pos_p, pos_b), (mask_p, mask_b, prompt_of_row) = x_btd, positions_bt, mask_bt
     x_pd, (k_ptke, v_ptke) = layer(x_pd, pos_p, mask_p)
@@ -413,7 +461,8 @@ def decode_hidden(
   mask_bt = jnp.ones(tokens_bt.shape, bool)
   block = Block(cfg)
   ks, vs = [], []
-  for layer_params, ck, cv in zip(params["layers"], cache.k, cache.v, strict=True):
+  shared = cache.prompt_k is not None
+  for i, (layer_params, ck, cv) in enumerate(zip(params["layers"], cache.k, cache.v, strict=True)):
     x_btd, (ck, cv) = block.apply(
       {"params": layer_params},
       x_btd,
@@ -423,6 +472,7 @@ def decode_hidden(
       cache.mask,
       cache.length,
       read_slots,
+      (cache.prompt_k[i], cache.prompt_v[i], cache.prompt_mask) if shared else None,
     )
     ks.append(ck)
     vs.append(cv)
