@@ -215,6 +215,27 @@ def test_shared_prompt_decode_reads_each_prompt_once(tiny_decode):
   assert r.param_bytes == copied.param_bytes
   assert copied.xla_bytes - r.xla_bytes >= (copied.cache_bytes - r.cache_bytes) * 0.9
   assert r.xla_bytes >= r.floor_bytes and r.xla_bytes_avg >= r.floor_avg_bytes
+  # With the weights replicated each device decodes its own rows against its own prompts
+  # (prompts and rows split alike over the batch devices): the step needs no collective.
+  from cooper_jax import aot, sharding  # pylint: disable=import-outside-toplevel
+  from cooper_jax.aot.models import model_config  # pylint: disable=import-outside-toplevel
+
+  mesh = sharding.make_mesh(**c.mesh, devices=aot.get_topology(TOPOLOGY).devices)
+  low, inputs = decode.lower_decode_step(
+    model_config(c.policy, "lm"),
+    mesh,
+    16,
+    256,
+    16,
+    group_size=4,
+    weights_sharding=sharding.decode_weights(mesh, "replicated"),
+    shared_prompt=True,
+  )
+  assert inputs[1].cache.prompt_k[0].shape[0] == 4  # one copy per prompt
+  text = low.compile().as_text()
+  assert not any(
+    op in text for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute")
+  )
 
 
 @needs_libtpu
