@@ -59,9 +59,12 @@ def main(argv=None) -> list[dict]:
   for pad in (int(x) for x in a.prompt_pad.split(",")):
     ids, mask = tok.encode_prompts(texts, pad_to_multiple=pad)
     kw = dict(cfg=cfg, max_new_tokens=a.max_new_tokens, group_size=a.group, pad_id=tok.pad_id)
-    fns = {s: sample.lower(params, ids, mask, rng, shared_prompt=s, **kw).compile() for s in (0, 1)}
+    fns = {
+      s: sample.lower(params, ids, mask, rng, shared_prompt=s, **kw).compile()
+      for s in (False, True)
+    }
     got = {s: fn(params, ids, mask, rng) for s, fn in fns.items()}
-    same = bool(np.array_equal(np.asarray(got[0].tokens), np.asarray(got[1].tokens)))
+    same = bool(np.array_equal(np.asarray(got[False].tokens), np.asarray(got[True].tokens)))
     runs = []
     for _ in range(a.runs):
       secs = {}
@@ -74,13 +77,13 @@ def main(argv=None) -> list[dict]:
         secs[s] = statistics.median(t)
       runs.append(secs)
       print(
-        f"prompt width {ids.shape[1]}: copied {secs[0]:.4f} s, shared {secs[1]:.4f} s a call, "
-        f"ratio {secs[0] / secs[1]:.2f}x"
+        f"prompt width {ids.shape[1]}: copied {secs[False]:.4f} s, shared {secs[True]:.4f} s a "
+        f"call, ratio {secs[False] / secs[True]:.2f}x"
       )
     out.append({"prompt_width": ids.shape[1], "same_tokens": same, "runs": runs})
     print(
       f"prompt width {ids.shape[1]}: same tokens {same}; worst ratio "
-      f"{min(r[0] / r[1] for r in runs):.2f}x"
+      f"{min(r[False] / r[True] for r in runs):.2f}x"
     )
   return out
 

@@ -84,6 +84,12 @@ def logprob_micro_batch_size(c) -> int:
   return c.policy.get("logprob_micro_batch_size", 0) or c.policy.micro_batch_size
 
 
+def shared_prompt_decode(c) -> bool:
+  """Whether the policy sampler holds each prompt's cache once for its group (only G > 1 has
+  a group to share it)."""
+  return bool(c.rollout.shared_prompt_decode) and c.rollout.group_size > 1
+
+
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0

@@ -185,7 +185,7 @@ class Run:
         cache_segments=c.rollout.cache_segments,
         grow_cache=c.rollout.grow_cache,
         weights_sharding=sharding.decode_weights(self.mesh, c.rollout.decode_weights),
-        shared_prompt=bool(c.rollout.get("shared_prompt_decode", False)),
+        shared_prompt=config_lib.shared_prompt_decode(c),
       )
       outs.append(out)
     tok, mask = np.repeat(tok_u, g, axis=0), np.repeat(mask_u, g, axis=0)

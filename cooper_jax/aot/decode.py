@@ -48,6 +48,7 @@ from cooper_jax.aot.models import (
 )
 from cooper_jax.aot.report import topology_mesh
 from cooper_jax.aot.topology import CHIP_PEAKS, GIB
+from cooper_jax.config import shared_prompt_decode
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import KVCache
 from cooper_jax.sampling import CACHE_SEGMENTS, DecodeState, decode_step, prefill, segment_ends
@@ -211,8 +212,6 @@ def lower_decode_step(
   inputs = abstract_decode_inputs(
     cfg, mesh, rows, prompt_len, new_tokens, group_size, weights_sharding, shared_prompt
   )
-  cache = inputs[1].cache
-  prompts = cache.prompt_mask.shape[0] if cache.prompt_k else None
   step = jax.jit(
     functools.partial(
       decode_step,
@@ -225,7 +224,7 @@ def lower_decode_step(
       read_slots=read_slots,
     ),
     donate_argnums=1,
-    out_shardings=decode_shardings(cfg, mesh, rows, prompts),
+    out_shardings=jax.tree.map(lambda x: x.sharding, inputs[1]),  # the carry stays as it is
   )
   return step.lower(*inputs), inputs
 
@@ -296,7 +295,7 @@ def compile_decode_step(
     eos_ids=(cfg.eos_id,) if cfg.eos_id is not None else (),
     pad_id=cfg.pad_id or 0,
     weights_sharding=sharding.decode_weights(mesh, weights),
-    shared_prompt=bool(ro.get("shared_prompt_decode", False)) and g > 1,
+    shared_prompt=shared_prompt_decode(c),
   )
   before = 0 if kw["shared_prompt"] else p_len  # cache slots ahead of the rows' own
   full = lower_decode_step(cfg, mesh, rows, p_len, n, **kw)[0].compile()

@@ -34,7 +34,7 @@ from cooper_jax.aot.models import (
   device_bytes,
   model_config,
 )
-from cooper_jax.config import logprob_micro_batch_size
+from cooper_jax.config import logprob_micro_batch_size, shared_prompt_decode
 
 FUNCTIONS = (
   "sampler",
@@ -192,7 +192,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       cache_segments=ro.cache_segments,
       grow_cache=ro.grow_cache,
       weights_sharding=sharding.decode_weights(mesh, ro.decode_weights),
-      shared_prompt=bool(ro.get("shared_prompt_decode", False)) and ro.group_size > 1,
+      shared_prompt=shared_prompt_decode(c),
     )
   )
 
