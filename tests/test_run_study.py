@@ -4,6 +4,7 @@ child in place of a training run)."""
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -197,8 +198,9 @@ def test_plots_write_files_and_skip_absent_rm_metrics(tmp_path):
 
 
 FAKE_CHILD = """
-import json, pathlib, sys
+import json, os, pathlib, sys
 args = sys.argv[2:]  # argv[1]: the study script
+print("cpus", len(os.sched_getaffinity(0)))
 out = pathlib.Path(args[args.index("--out") + 1])
 cond, seed = args[args.index("--one") + 1], int(args[args.index("--one") + 2])
 print("child", cond, seed)
@@ -235,6 +237,8 @@ def test_run_all_resumes_runs_in_parallel_and_fails_loudly(tmp_path, monkeypatch
   assert done["rule", 1]["per_problem_acc"] == [0.5, 1.0]
   assert not (runs / "rule_s1" / "stale.txt").exists()  # the interrupted run started afresh
   assert "child cooper 1" in (runs / "cooper_s1.log").read_text()
+  for log in ("rule_s1", "cooper_s0", "cooper_s1"):  # parallel runs: each child on one core
+    assert "cpus 1\n" in (runs / f"{log}.log").read_text()
   assert not (runs / "rule_s0.log").exists()
 
   with pytest.raises(SystemExit, match=r"run boom seed 0 failed \(exit 3\); log: .*boom_s0\.log"):
@@ -243,6 +247,18 @@ def test_run_all_resumes_runs_in_parallel_and_fails_loudly(tmp_path, monkeypatch
   a.eval_samples += 1  # cached results from other eval settings are not mixed in
   with pytest.raises(SystemExit, match="other settings"):
     run_study.run_all(a, argv, [("rule", 0)])
+
+
+def test_job_cores_give_parallel_jobs_one_core_each_and_launch_pins_the_child(tmp_path):
+  assert run_study.job_cores(1) is None  # one job keeps every core
+  cores = sorted(os.sched_getaffinity(0))
+  slots = run_study.job_cores(len(cores) + 1)
+  assert slots[: len(cores)] == [{c} for c in cores]  # distinct while cores last
+  assert slots[-1] == {cores[0]}
+  code = "import os; print(sorted(os.sched_getaffinity(0)))"
+  with open(tmp_path / "log", "w", encoding="utf-8") as f:
+    assert run_study.launch([sys.executable, "-c", code], {}, f, {cores[-1]}).wait() == 0
+  assert (tmp_path / "log").read_text().strip() == str([cores[-1]])
 
 
 def test_child_env_single_threads_only_parallel_runs():
