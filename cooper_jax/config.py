@@ -219,6 +219,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = dict(
     steps=100,
+    # Stop after this step (checkpoint saved) while the schedules still span train.steps: the
+    # first N steps of the full run, the same floats; --resume goes on to train.steps. 0: steps.
+    stop_after=0,
     eval_every=0,
     eval_samples=1,
     eval_temperature=0.0,
@@ -355,6 +358,12 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
   for key in ("grow_cache", "shared_prompt_decode"):
     if not isinstance(c.rollout.get(key, False), bool):
       raise ValueError(f"config.rollout.{key} must be True or False, got {c.rollout[key]!r}")
+  stop = c.train.get("stop_after", 0)
+  if not isinstance(stop, int) or isinstance(stop, bool) or not 0 <= stop <= c.train.steps:
+    raise ValueError(
+      f"config.train.stop_after must be an int in [0, train.steps={c.train.steps}] "
+      f"(0: run every step), got {stop!r}"
+    )
   if not isinstance(c.train.save_rollouts, int) or c.train.save_rollouts < 0:
     raise ValueError(
       f"config.train.save_rollouts must be an int >= 0, got {c.train.save_rollouts!r}"

@@ -414,7 +414,7 @@ def train(c, workdir: str, reward=None) -> Run:
   _STOP["requested"] = False  # a stop honoured by an earlier train() in this process is spent
   prev = signal.signal(signal.SIGTERM, _on_sigterm)
   try:
-    total = c.train.steps
+    total = c.train.get("stop_after", 0) or c.train.steps  # the schedules span train.steps
     if c.train.eval_every and run.step == 0:
       run.writer.write(0, run.evaluate())  # the curves start at the initial policy
     bar = tqdm(

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("policy.logprob_micro_batch_size", -8, "policy.logprob_micro_batch_size"),
     ("policy.attn_chunk_bytes", -1, "config.policy.attn_chunk_bytes"),
     ("rm.attn_chunk_bytes", -4, "config.rm.attn_chunk_bytes"),
+    ("train.stop_after", 101, "config.train.stop_after"),  # past train.steps (100)
   ],
 )
 def test_validate_names_the_key(key, value, needle):

@@ -244,6 +244,10 @@ def test_run_all_resumes_runs_in_parallel_and_fails_loudly(tmp_path, monkeypatch
   with pytest.raises(SystemExit, match=r"run boom seed 0 failed \(exit 3\); log: .*boom_s0\.log"):
     run_study.run_all(a, argv, [("boom", 0)])
 
+  a.pin = False  # --no-pin: the children keep every core
+  run_study.run_all(a, argv, [("cooper", 2)])
+  assert f"cpus {len(os.sched_getaffinity(0))}\n" in (runs / "cooper_s2.log").read_text()
+
   a.eval_samples += 1  # cached results from other eval settings are not mixed in
   with pytest.raises(SystemExit, match="other settings"):
     run_study.run_all(a, argv, [("rule", 0)])

@@ -64,6 +64,26 @@ def test_resume_is_exact(tmp_path):
   assert all(r["rm_train/lr"] == pytest.approx(1e-3) for r in a)
 
 
+def test_stop_after_runs_the_first_steps_of_the_whole_schedule(tmp_path):
+  """train.stop_after=2 of 4 steps: the 4-step run's first two steps (the same floats, its lr
+  schedule, a checkpoint at 2); resumed without it, the run finishes as the straight one."""
+  decay = (
+    "--config.policy.optim.schedule=warmup_linear_decay",
+    "--config.policy.optim.warmup_steps=0",
+  )
+  full, part = tmp_path / "full", tmp_path / "part"
+  _train(full, *decay, steps=4)
+  _train(part, *decay, "--config.train.stop_after=2", steps=4)
+  a, b = read_metrics(full), read_metrics(part)
+  assert [r["step"] for r in b] == [1, 2] and final_params(part)[0] == 2
+  # Step 2's update at schedule step 1 of a 4-step linear decay from 1e-3 (a 2-step one: 5e-4).
+  assert b[1]["policy/lr"] == pytest.approx(1e-3 * (1 - 1 / 4))
+  assert comparable(b) == comparable(a[:2])
+  p = _train(part, *decay, steps=4)
+  assert "resumed from" in p.stderr
+  assert comparable(read_metrics(part)) == comparable(a)
+
+
 def test_sigterm_saves_and_exits_cleanly(tmp_path):
   proc = _train(tmp_path, "--config.train.checkpoint_every=1000", steps=200, wait=False)
   metrics = tmp_path / "metrics.jsonl"

@@ -61,6 +61,14 @@ def parse_args(argv=None):
     help="conditions of --experiment; the untrained baseline is always added",
   )
   p.add_argument("--jobs", type=int, default=2, help="runs (subprocesses) at a time")
+  p.add_argument(
+    "--pin",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="with --jobs > 1, each job on one core (job_cores); --no-pin: studies recorded "
+    "before commit b9d7b04 (results/wide_study8 and earlier) ran unpinned, and only unpinned "
+    "jobs replay their floats",
+  )
   p.add_argument("--steps", type=int, default=None, help="override train.steps")
   p.add_argument("--eval_samples", type=int, default=4)
   p.add_argument("--eval_temperature", type=float, default=0.7)
@@ -235,12 +243,12 @@ def child_env(jobs: int) -> dict:
 
 def job_cores(jobs: int) -> list[set[int]] | None:
   """The CPUs of each job slot when runs go in parallel: slot k gets one core of this process's
-  affinity (round robin), and the child's verifier workers inherit it. Measured on the 2-core
-  VM (two small-task runs of 40 steps side by side): 12-16% less wall time than two unpinned
-  single-Eigen-thread jobs, whose XLA runtimes each still start threads for every core and fight
-  over both. XLA compiles for the CPUs it sees, so a pinned run's floats differ from an
-  unpinned one's (by ~1e-8 from step 1) and are the same on a machine of any core count.
-  None: one job, or no affinity API (not Linux)."""
+  affinity (round robin), and the child's verifier workers inherit it. Unpinned, each job's XLA
+  runtime still starts threads for every core and the two jobs fight over both: on the 2-core
+  VM, two Cooper runs side by side, pinned vs unpinned at the same hour, took 14-28% less time
+  a step (BUILD.md, "Parallel study jobs"). XLA compiles for the CPUs it sees, so a pinned run's
+  floats differ from an unpinned one's (by ~1e-8 from step 1) and no longer depend on the
+  machine's core count. None: one job, or no affinity API (not Linux)."""
   if jobs <= 1 or not hasattr(os, "sched_getaffinity"):
     return None
   cores = sorted(os.sched_getaffinity(0))
@@ -276,7 +284,7 @@ def run_all(a, argv: list[str], runs: list[tuple[str, int]]) -> dict[tuple[str, 
     if wd.exists():
       shutil.rmtree(wd)  # an interrupted run: start it again
     todo.append((cond, seed))
-  env, running, slots = child_env(a.jobs), {}, job_cores(a.jobs)
+  env, running, slots = child_env(a.jobs), {}, job_cores(a.jobs) if a.pin else None
   script = str(Path(__file__).resolve())
   try:
     while todo or running:
