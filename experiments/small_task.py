@@ -65,7 +65,7 @@ CONDITIONS = {
   "static_rm_nostd": ("static_rm", {"policy.loss.scale_adv_by_std": False}),
   "cooper_rewrite": ("cooper", REWRITE),
   # The paper's negatives with the RM at 1x the policy's lr, where the RM alone stays stable
-  # (results/rm_lr_check): the 10x runs collapse in the RM's own optimiser.
+  # (results/rm_lr_check, in git history: docs/evidence.md): the 10x runs collapse in the RM's own optimiser.
   "cooper_rewrite_rmlr1x": ("cooper", {**REWRITE, RM_LR_RATIO: 1}),
   # Precise positives: a rule-correct rollout is a positive only if its whole chain is right
   # (what the rule verifier's imprecision costs Cooper).

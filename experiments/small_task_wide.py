@@ -8,7 +8,7 @@ what changes is the policy and the schedule:
   its lr stays the condition's multiple of the policy's, 10x for cooper).
 
 Why (results/wide_policy): on the 0.23M policy the rule reward raises sampled held-out accuracy
-but greedy accuracy falls a few points in every seed (results/greedy_kl); the wider policy at lr
+but greedy accuracy falls a few points in every seed (results/greedy_kl, in git history); the wider policy at lr
 2e-4 gains +19 points sampled in every seed with greedy within 1 point, and with the weak RM
 (rm_weak/) frozen it is hacked in 5 of 5 seeds. The conditions of its study: rule,
 static_rm_weak (the frozen RM), cooper_weak_rewrite (the paper's Cooper: llm_rewrite negatives,

@@ -6,7 +6,7 @@ check the whole chain (`cooper_jax.tasks.arith.chain_is_correct`: every line equ
 solution's), so the precision of those positives at the chain level can be read off a study's
 saved rollouts, per condition and over training:
 
-  python tools/chain_precision.py --study results/small_study_v3 \\
+  python tools/chain_precision.py --study results/wide_study8 \\
       --data experiments/assets/small_task/data/train.jsonl
 
 writes STUDY/chain_precision.md and .json. Rollouts are each run's `rollouts.jsonl(.gz)` (the

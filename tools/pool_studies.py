@@ -6,7 +6,7 @@ per-seed values in another invocation there; on another VM they drift apart from
 heldout.json for every seed, with the same held-out evaluation. Each arm's config.json keys that
 differ from the first arm's are listed, so what varies between the arms is on the record.
 
-  python tools/pool_studies.py --out results/rm_lr_dose_response --seeds 0,1,2,3,4 \\
+  python tools/pool_studies.py --out results/my_rmlr_pool --seeds 0,1,2,3,4 \\
       --arm frozen=results/wide_study8:static_rm_weak \\
       --arm 1x=results/wide_ablations:cooper_weak_rewrite_rmlr1x ...
 
