@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
+STUDY_SCRIPT = TOOLS / "run_study.py"
 
 
 def _load(name):
@@ -198,8 +199,12 @@ def test_plots_write_files_and_skip_absent_rm_metrics(tmp_path):
 
 
 FAKE_CHILD = """
-import json, os, pathlib, sys
+import importlib.util, json, os, pathlib, sys
 args = sys.argv[2:]  # argv[1]: the study script
+spec = importlib.util.spec_from_file_location("rs", sys.argv[1])
+rs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rs)
+rs.pin_from_env()  # as run_study.main does for --one
 print("cpus", len(os.sched_getaffinity(0)))
 out = pathlib.Path(args[args.index("--out") + 1])
 cond, seed = args[args.index("--one") + 1], int(args[args.index("--one") + 2])
@@ -259,9 +264,15 @@ def test_job_cores_give_parallel_jobs_one_core_each_and_launch_pins_the_child(tm
   slots = run_study.job_cores(len(cores) + 1)
   assert slots[: len(cores)] == [{c} for c in cores]  # distinct while cores last
   assert slots[-1] == {cores[0]}
-  code = "import os; print(sorted(os.sched_getaffinity(0)))"
+  code = (
+    "import importlib.util, os, sys; "
+    f"s = importlib.util.spec_from_file_location('rs', {str(STUDY_SCRIPT)!r}); "
+    "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); m.pin_from_env(); "
+    "print(sorted(os.sched_getaffinity(0)))"
+  )
+  env = {run_study.PIN_ENV: "0,1,2"}  # the parent's own setting is not passed on
   with open(tmp_path / "log", "w", encoding="utf-8") as f:
-    assert run_study.launch([sys.executable, "-c", code], {}, f, {cores[-1]}).wait() == 0
+    assert run_study.launch([sys.executable, "-c", code], env, f, {cores[-1]}).wait() == 0
   assert (tmp_path / "log").read_text().strip() == str([cores[-1]])
 
 

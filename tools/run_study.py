@@ -255,12 +255,25 @@ def job_cores(jobs: int) -> list[set[int]] | None:
   return [{cores[k % len(cores)]} for k in range(jobs)]
 
 
+PIN_ENV = "COOPER_JAX_STUDY_CPUS"  # the CPUs a study child pins itself to, e.g. "1"
+
+
 def launch(cmd: list[str], env: dict, log, cpus: set[int] | None) -> subprocess.Popen:
-  """`cmd` with stdout and stderr to `log`, restricted to `cpus` (None: this process's)."""
-  pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
-  return subprocess.Popen(  # pylint: disable=subprocess-popen-preexec-fn
-    cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin
-  )
+  """`cmd` with stdout and stderr to `log`; with `cpus`, the child is told (PIN_ENV) to pin
+  itself before it starts jax (`pin_from_env`), not pinned between fork and exec: a parent
+  with threads (a notebook that imported jax) could deadlock there."""
+  env = dict(env)
+  env.pop(PIN_ENV, None)
+  if cpus is not None:
+    env[PIN_ENV] = ",".join(str(c) for c in sorted(cpus))
+  return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def pin_from_env() -> None:
+  """Pins this process (and the processes it starts) to the CPUs PIN_ENV names, if any."""
+  cpus = os.environ.get(PIN_ENV)
+  if cpus:
+    os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 
 
 def _log_tail(path: Path, n: int = 30) -> str:
@@ -395,6 +408,7 @@ def main(argv=None) -> dict | None:
   argv = list(sys.argv[1:] if argv is None else argv)
   a = parse_args(argv)
   if a.one:
+    pin_from_env()  # before run_one imports jax
     run_one(a, a.one[0], int(a.one[1]))
     return None
   t0 = time.perf_counter()
