@@ -220,7 +220,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train = dict(
     steps=100,
     # Stop after this step (checkpoint saved) while the schedules still span train.steps: the
-    # first N steps of the full run, the same floats; --resume goes on to train.steps. 0: steps.
+    # first N steps of the full run, the same floats; rerun without it in the same
+    # workdir, the run resumes and goes on to train.steps. 0: every step.
     stop_after=0,
     eval_every=0,
     eval_samples=1,
