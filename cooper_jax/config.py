@@ -113,6 +113,11 @@ def base_config() -> ml_collections.ConfigDict:
   # itself. Rows padded to a multiple of 16 (fewer shapes to compile). Whole-batch updates
   # only (micro_batch_size, logprob_micro_batch_size and ppo_mini_batch_size 0).
   c.policy.merge_duplicate_rows = False
+  # The merged batch's responses packed into shared rows, several to a row of one prompt
+  # (cooper_jax/pack.py): the same log-probs up to float32 rounding, fewer padded positions in
+  # the policy step and the reference pass. Needs merge_duplicate_rows, share_prompt and the
+  # token_mean loss.
+  c.policy.pack_rows = False
   # PPO: passes over each rollout batch and rows per update (0 = the whole batch). One epoch
   # of one mini-batch is the on-policy GRPO update; more reuse the rollouts, clipped against
   # the sampler's log-probs.
@@ -356,6 +361,19 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
         f"config.{section}.merge_duplicate_rows needs whole batches: config.{section}.{key}="
         f"{c[section][key]} must be 0 (or set config.{section}.merge_duplicate_rows=False)"
       )
+  pack = c.policy.get("pack_rows", False)
+  if not isinstance(pack, bool):
+    raise ValueError(f"config.policy.pack_rows must be True or False, got {pack!r}")
+  if pack and not (c.policy.merge_duplicate_rows and c.policy.share_prompt):
+    raise ValueError(
+      "config.policy.pack_rows needs config.policy.merge_duplicate_rows=True and "
+      "config.policy.share_prompt=True (packed rows are a merged, prompt-indexed batch)"
+    )
+  if pack and c.policy.loss.agg.replace("-", "_") != "token_mean":
+    raise ValueError(
+      f"config.policy.pack_rows needs config.policy.loss.agg='token_mean' (got "
+      f"{c.policy.loss.agg!r}): a packed batch has no per-response rows to average over"
+    )
   for key in ("grow_cache", "shared_prompt_decode"):
     if not isinstance(c.rollout.get(key, False), bool):
       raise ValueError(f"config.rollout.{key} must be True or False, got {c.rollout[key]!r}")

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from cooper_jax.models.config import ModelConfig
-from cooper_jax.models.transformer import Transformer, positions_from_mask
+from cooper_jax.models.transformer import Transformer, positions_from_mask, segment_starts
 
 
 def logit_temperature(temperature: float) -> float:
@@ -87,6 +87,7 @@ def response_logprobs(
   prompt_group: int = 1,
   prompt_index=None,
   n_prompts: int = 0,
+  response_segment=None,
 ):
   """log p(response token | everything before it): [b, n], float32, under softmax(logits / T)
   with T = logit_temperature(temperature) (the distribution the sampler drew from).
@@ -100,10 +101,15 @@ def response_logprobs(
   prompt_index [b] (int, with n_prompts > 0, static): row i answers prompt prompt_index[i] of
   n_prompts, each of which occurs in the batch (any number of rows per prompt, in any order:
   a batch whose duplicate rows were merged); the n_prompts prompts run once each.
+  response_segment [b, n] (int, with prompt_index): packed rows, several responses to the
+  row's prompt back to back (`cooper_jax.pack`); each response's first token is predicted from
+  its prompt's last position, the rest from the token before, as in a row of its own.
   """
   model = Transformer(model_cfg)
   p, n = prompt_tokens.shape[1], response_tokens.shape[1]
   indexed = prompt_index is not None and n_prompts > 0
+  if response_segment is not None and not indexed:
+    raise ValueError("packed rows (response_segment) need prompt_index and n_prompts > 0")
   if indexed or prompt_group > 1:
     b = prompt_tokens.shape[0]
     if indexed:  # each prompt's first row holds it (every prompt has a row)
@@ -122,11 +128,15 @@ def response_logprobs(
       response_tokens,
       response_mask.astype(bool),
       prompt_index if indexed else None,
+      response_segment,
       method=Transformer.hidden_shared_prompt,
     )
     # Position p - 1 (each prompt's last token: prompts are left-padded) predicts response
     # token 0; response position j predicts token j + 1.
-    h_in = jnp.concatenate([per_row(h_ppd[:, -1:]), h_bnd[:, : n - 1]], axis=1)
+    h_last = per_row(h_ppd[:, -1:])
+    h_in = jnp.concatenate([h_last, h_bnd[:, : n - 1]], axis=1)
+    if response_segment is not None:  # and the first token of each packed response
+      h_in = jnp.where(segment_starts(response_segment)[..., None], h_last, h_in)
   else:
     tokens = jnp.concatenate([prompt_tokens, response_tokens], axis=1)
     mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(bool)

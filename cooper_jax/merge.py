@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cooper_jax import distributed as dist
+from cooper_jax import pack as pack_lib
 from cooper_jax import sharding
 
 ROW_MULTIPLE = 16  # merged batches have a multiple of this many rows (and of the devices)
@@ -97,17 +98,25 @@ def take_rows(x: jax.Array, index: jax.Array, out_sharding) -> jax.Array:
 class MergedStep:
   """One step's batches with identical rows merged (cooper_jax.merge): the reference pass on
   rows distinct in (prompt, tokens), the policy step on rows distinct in (prompt, tokens,
-  advantage), each reading its reference log-probs from the first."""
+  advantage), each reading its reference log-probs from the first. After `policy_batch`:
+  rows, the policy batch's rows; distinct, its distinct responses; fill, real response tokens
+  over the positions it computes."""
 
-  def __init__(self, mesh, group: int, n_prompts: int, tok, mask, resp_tok, resp_len):
+  def __init__(self, mesh, group: int, n_prompts: int, tok, mask, resp_tok, resp_len, pack=False):
     """tok, mask: every row's prompt [n, p] (host); resp_tok [n, w], resp_len [n]: every row's
     response (host, all processes alike); group: rows per prompt, consecutive; n_prompts > 0:
-    the batches say each row's prompt by index (steps.make_policy_step)."""
+    the batches say each row's prompt by index (steps.make_policy_step); pack: the distinct
+    rows packed into shared rows (cooper_jax.pack; needs n_prompts > 0)."""
+    if pack and not n_prompts:
+      raise ValueError("packed rows need the prompt-indexed batch (n_prompts > 0)")
     self.mesh, self.n_prompts, self.tok, self.mask = mesh, n_prompts, tok, mask
     self.resp_tok, self.resp_len = resp_tok, np.asarray(resp_len)
-    self.group_of = np.arange(len(tok)) // group
+    self.group, self.group_of = group, np.arange(len(tok)) // group
     self.n_dev = mesh.shape["data"] * mesh.shape["fsdp"]
     self.ref = merge_rows(self.group_of, resp_tok, self.resp_len, n_devices=self.n_dev)
+    self.pack = pack
+    if pack:
+      self.ref_packed = self._pack(self.ref)
 
   def _put(self, x, ndim=2):
     return dist.put_global(x, sharding.batch_sharding(self.mesh, ndim))
@@ -124,7 +133,30 @@ class MergedStep:
       rows["prompt_index"] = self._put(self.group_of[idx].astype(np.int32), 1)
     return rows
 
+  def _pack(self, merged: Merged) -> pack_lib.Packed:
+    """The merged rows' responses packed (padding rows left out): src_row indexes merged rows."""
+    idx = merged.index[: merged.distinct]
+    return pack_lib.pack_rows(
+      self.group_of[idx], self.resp_len[idx], self.resp_tok.shape[1], n_devices=self.n_dev
+    )
+
+  def _packed_rows(self, merged: Merged, packed: pack_lib.Packed) -> dict:
+    """The packed batch's prompt and response arrays (a representative row of each prompt)."""
+    first_row = packed.prompt * self.group
+    orig = merged.index[np.maximum(packed.src_row, 0)]
+    tokens = np.where(packed.valid, self.resp_tok[orig, np.maximum(packed.src_col, 0)], 0)
+    return {
+      "prompt_tokens": self._put(np.asarray(self.tok[first_row], np.int32)),
+      "prompt_mask": self._put(self.mask[first_row]),
+      "response_tokens": self._put(tokens.astype(np.int32)),
+      "response_mask": self._put(packed.valid),
+      "prompt_index": self._put(packed.prompt.astype(np.int32), 1),
+      "response_segment": self._put(packed.segment),
+    }
+
   def ref_batch(self) -> dict:
+    if self.pack:
+      return self._packed_rows(self.ref, self.ref_packed)
     return self._rows(self.ref.index)
 
   def policy_batch(self, adv: np.ndarray, sampler_logp: jax.Array, ref_logp=None) -> dict:
@@ -133,6 +165,10 @@ class MergedStep:
     pol = merge_rows(self.group_of, self.resp_tok, self.resp_len, extra=adv, n_devices=self.n_dev)
     self.rows, self.distinct = len(pol.index), pol.distinct
     everywhere = sharding.replicated(self.mesh)
+    w = self.resp_tok.shape[1]
+    if self.pack:
+      return self._packed_policy_batch(pol, adv, sampler_logp, ref_logp, everywhere)
+    self.fill = float(self.resp_len[pol.index[: pol.distinct]].sum()) / (self.rows * w)
     take = lambda x, idx: take_rows(
       x,
       dist.put_global(idx.astype(np.int32), everywhere),
@@ -145,4 +181,43 @@ class MergedStep:
     if ref_logp is not None:
       same = np.array_equal(pol.index, self.ref.index)  # the usual case: nothing to gather
       batch["ref_logp"] = ref_logp if same else take(ref_logp, self.ref.inverse[pol.index])
+    return batch
+
+  def _packed_policy_batch(self, pol: Merged, adv, sampler_logp, ref_logp, everywhere) -> dict:
+    """policy_batch with the distinct rows packed: per-token advantage and weight, the
+    sampler's log-probs gathered from its [n, w] rows, the reference pass's from its own
+    packing (the same one, usually: then nothing to gather)."""
+    packed = self._pack(pol)
+    self.rows, w = len(packed.prompt), self.resp_tok.shape[1]
+    self.fill = float(packed.valid.sum()) / (self.rows * w)
+    sh = sharding.batch_sharding(self.mesh, 2)
+    take = lambda x, flat: pack_lib.take_positions(x, dist.put_global(flat, everywhere), sh)
+    batch = self._packed_rows(pol, packed)
+    at_rows = lambda v: np.broadcast_to(np.asarray(v)[:, None], (len(v), w))
+    batch["row_weight"] = self._put(packed.gather(at_rows(pol.weight[: pol.distinct])))
+    batch["advantages"] = self._put(
+      packed.gather(at_rows(adv[pol.index[: pol.distinct]].astype(np.float32)))
+    )
+    batch["sampler_logp"] = take(sampler_logp, packed.flat_index(pol.index[: pol.distinct], w))
+    if ref_logp is not None:
+      ref = self.ref_packed
+      same = (
+        np.array_equal(pol.index[: pol.distinct], self.ref.index[: self.ref.distinct])
+        and np.array_equal(packed.src_row, ref.src_row)
+        and np.array_equal(packed.src_col, ref.src_col)
+      )
+      if same:
+        batch["ref_logp"] = ref_logp
+      else:
+        # Each policy position's reference log-prob: its (distinct reference row, column)'s
+        # packed position in the reference batch.
+        pos = np.zeros((self.ref.distinct, w), np.int64)
+        pos[ref.src_row[ref.valid], ref.src_col[ref.valid]] = np.flatnonzero(ref.valid.reshape(-1))
+        ref_row = self.ref.inverse[pol.index[: pol.distinct]]
+        flat = np.where(
+          packed.valid,
+          pos[ref_row[np.maximum(packed.src_row, 0)], np.maximum(packed.src_col, 0)],
+          0,
+        ).astype(np.int32)
+        batch["ref_logp"] = take(ref_logp, flat)
     return batch

@@ -117,6 +117,7 @@ def _logprobs(
     prompt_group=group,
     prompt_index=batch.get("prompt_index"),
     n_prompts=n_prompts,
+    response_segment=batch.get("response_segment"),
   )
 
 
@@ -148,13 +149,19 @@ def policy_loss_fn(
 
   A batch with "row_weight" [b] holds each distinct row once, weighted by how many times it
   occurred (`merge_duplicate_rows`): every token sum, mean and row count then counts a row
-  weight times, so loss, gradient and metrics are the unmerged batch's up to float rounding."""
+  weight times, so loss, gradient and metrics are the unmerged batch's up to float rounding.
+  A packed batch (`policy.pack_rows`) has "response_segment" [b, n] and a weight and an
+  advantage per token ([b, n]): its responses share rows (cooper_jax.pack)."""
   logp = _logprobs(model_cfg, params, batch, logprob_chunk, temperature, prompt_group, n_prompts)
   old = batch.get("old_logp")
   old = jax.lax.stop_gradient(logp) if old is None else old
   weight = batch.get("row_weight")
   resp_mask = batch["response_mask"].astype(jnp.float32)
-  if weight is not None:
+  if weight is not None and weight.ndim == 2:
+    # Packed rows (cooper_jax.pack): a weight per token, each response's own; token means
+    # only (config.validate), so no row count is needed.
+    resp_mask, weight = resp_mask * weight.astype(jnp.float32), None
+  elif weight is not None:
     resp_mask = resp_mask * weight.astype(jnp.float32)[:, None]
   loss, metrics = losses.policy_loss(
     logp,
@@ -461,14 +468,19 @@ def make_logprob_fn(
   temperature: float = 1.0,
   prompt_group: int = 1,
   n_prompts: int = 0,
+  packed: bool = False,
 ):
   """Jitted forward-only `(params, batch) -> logp [b, n]` of the response tokens (old or
   reference log-probs) at the rollout temperature, as in `make_policy_step`; `batch` carries
-  the four prompt/response arrays (and prompt_index with n_prompts > 0). Micro-batches run one
-  after another, so peak memory is one micro-batch's forward. prompt_group, n_prompts: which
-  rows share a prompt, as in `make_policy_step`."""
+  the four prompt/response arrays (and prompt_index with n_prompts > 0; response_segment when
+  packed: cooper_jax.pack). Micro-batches run one after another, so peak memory is one
+  micro-batch's forward. prompt_group, n_prompts: which rows share a prompt, as in
+  `make_policy_step`."""
+  if packed and not n_prompts:
+    raise ValueError("packed rows need n_prompts > 0 (an indexed, merged batch)")
   keys = ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")
   keys += ("prompt_index",) if n_prompts else ()
+  keys += ("response_segment",) if packed else ()
 
   def logprob_fn(params, batch):
     k = micro_count(_leading_dim(batch), micro_batch_size, mesh)

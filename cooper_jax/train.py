@@ -81,6 +81,7 @@ class Run:
     # Merged batches (config policy.merge_duplicate_rows) say each row's prompt by index.
     self.merge = c.policy.merge_duplicate_rows
     self.n_prompts = c.rollout.prompts_per_step if self.merge and c.policy.share_prompt else 0
+    self.pack = c.policy.pack_rows  # config.validate: only with n_prompts > 0
     if self.merge:
       self.prompt_group = 1
 
@@ -106,6 +107,7 @@ class Run:
       temperature=c.rollout.temperature,
       prompt_group=self.prompt_group,
       n_prompts=self.n_prompts,
+      packed=self.pack,
     )
     self._policy_step = None
 
@@ -273,7 +275,9 @@ class Run:
     w = _bucket(int(resp_len.max()), c.rollout.response_pad_multiple, c.rollout.max_new_tokens)
     if self.merge:  # distinct rows only, on every process alike
       resp = dist.gather_rows(own, out_tok[:, :w], n)
-      merger = merge.MergedStep(self.mesh, self.group, self.n_prompts, tok, mask, resp, resp_len)
+      merger = merge.MergedStep(
+        self.mesh, self.group, self.n_prompts, tok, mask, resp, resp_len, pack=self.pack
+      )
       batch = merger.ref_batch()
     else:
       bs = sharding.batch_sharding(self.mesh)
@@ -318,6 +322,7 @@ class Run:
     if self.merge:
       batch = merger.policy_batch(adv, sampler_logp, batch.get("ref_logp"))
       m["policy/rows"], m["policy/distinct_rows"] = merger.rows, merger.distinct
+      m["policy/token_fill"] = merger.fill
     else:
       batch["advantages"] = dist.put_global(adv, sharding.batch_sharding(self.mesh, 1))
       batch["sampler_logp"] = sampler_logp

@@ -251,11 +251,14 @@ class Attention(nn.Module):
         new_kv = (k_bkse, v_bkse)
         if read_slots is not None:
           k_bkse, v_bkse = k_bkse[:, :, :read_slots], v_bkse[:, :, :read_slots]
-          cache_mask_bs = cache_mask_bs[:, :read_slots]
+          cache_mask_bs = cache_mask_bs[..., :read_slots]
         s_len = k_bkse.shape[2]
-        # Slot j is visible to query i iff it holds a real token and j <= cache_index + i.
-        causal_ts = jnp.arange(s_len)[None, :] <= cache_index + jnp.arange(t)[:, None]
-        ok_bts = cache_mask_bs[:, None, :] & causal_ts[None]
+        if cache_mask_bs.ndim == 3:  # [b, t, s]: each query's visible slots, given whole
+          ok_bts = cache_mask_bs
+        else:
+          # Slot j is visible to query i iff it holds a real token and j <= cache_index + i.
+          causal_ts = jnp.arange(s_len)[None, :] <= cache_index + jnp.arange(t)[:, None]
+          ok_bts = cache_mask_bs[:, None, :] & causal_ts[None]
       # Queries as [b, k, g * t, e]: dots batched over (b, k) whose operands and results need
       # no transposes of the cache-sized arrays (2x faster on a CPU than [b, k, g, t, s]).
       q_bkqe = jnp.transpose(q_btkge, (0, 2, 3, 1, 4)).reshape(b, cfg.n_kv_heads, g * t, -1)
@@ -289,7 +292,8 @@ class Block(nn.Module):
   The carry is one stream x [b, t, d], or, for `Transformer.hidden_shared_prompt`, a pair
   (prompts [P, p, d], responses [b, n, d]) with positions paired the same way, masks as
   (prompts', responses', each row's prompt index [b] or None for G consecutive rows each) and
-  cache_mask_bs the responses' full [b, p + n] mask: the layer runs once on the P prompts, then
+  cache_mask_bs the responses' full [b, p + n] mask (or, for packed rows, each query's visible
+  slots [b, n, p + n]: `packed_positions_and_mask`): the layer runs once on the P prompts, then
   on the b = P * G responses, which attend over their prompt's keys/values (repeated G times)
   and their own, as a decode step of n tokens against a cache holding the prompt."""
 
@@ -382,13 +386,23 @@ class Transformer(nn.Module):
     return self.final_norm(x_btd), new_kv
 
   def hidden_shared_prompt(
-    self, prompt_pp, prompt_mask_pp, response_bn, response_mask_bn, prompt_of_row_b=None
+    self,
+    prompt_pp,
+    prompt_mask_pp,
+    response_bn,
+    response_mask_bn,
+    prompt_of_row_b=None,
+    segment_bn=None,
   ):
     """Final-norm hidden states of P left-padded prompts [P, p, d] and of their b = P * G
     right-padded responses [b, n, d] (rows g * G .. g * G + G - 1 answer prompt g): what
     `hidden` gives on the concatenated [b, p + n] rows, with each prompt run once instead of
     G times (a GRPO batch's prompt positions are G-fold copies). prompt_of_row_b [b] (int):
-    row i answers prompt prompt_of_row_b[i] instead, for any number of rows per prompt."""
+    row i answers prompt prompt_of_row_b[i] instead, for any number of rows per prompt.
+    segment_bn [b, n] (int, with prompt_of_row_b): packed rows (`cooper_jax.pack`), each
+    holding several responses to its prompt back to back, numbered 1, 2, ... (0: padding);
+    each response sees the prompt and its own earlier tokens only, at the positions it would
+    have alone, so each gets the hidden states it has in a row of its own."""
     if prompt_of_row_b is not None:
       prompt_mask_bp = jnp.take(prompt_mask_pp, prompt_of_row_b, axis=0)
     else:
@@ -400,6 +414,8 @@ class Transformer(nn.Module):
       prompt_mask_bp = jnp.repeat(prompt_mask_pp, group, axis=0)
     full_mask = jnp.concatenate([prompt_mask_bp, response_mask_bn], 1)
     pos_bn = positions_from_mask(full_mask)[:, prompt_pp.shape[1] :]
+    if segment_bn is not None:
+      pos_bn, full_mask = packed_positions_and_mask(prompt_mask_bp, segment_bn)
     (x_pd, x_bnd), _ = self.layers(
       (self.embed(prompt_pp), self.embed(response_bn)),
       None,
@@ -479,6 +495,33 @@ def decode_hidden(
   h_btd = model.apply(outer, x_btd, method=lambda m, x: m.final_norm(x))
   t = tokens_bt.shape[1]
   return h_btd, cache._replace(k=tuple(ks), v=tuple(vs), length=cache.length + t)
+
+
+def segment_starts(segment_bn):
+  """[b, n] bool: where a packed row's responses begin (a real token whose segment id differs
+  from the one before it)."""
+  before = jnp.pad(segment_bn[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+  return (segment_bn > 0) & (segment_bn != before)
+
+
+def packed_positions_and_mask(prompt_mask_bp, segment_bn):
+  """RoPE positions [b, n] and visible slots [b, n, p + n] of packed response rows: each
+  response's tokens at the positions after its prompt's real tokens, as if alone in its row;
+  a query sees its prompt's real tokens and its own response's tokens up to itself."""
+  n = segment_bn.shape[1]
+  col = jnp.arange(n)[None]
+  start_bn = jax.lax.cummax(jnp.where(segment_starts(segment_bn), col, 0), axis=1)
+  n_prompt_b = jnp.sum(prompt_mask_bp.astype(jnp.int32), axis=1)
+  pos_bn = n_prompt_b[:, None] + col - start_bn
+  own_btt = (
+    (segment_bn[:, :, None] == segment_bn[:, None, :])
+    & (segment_bn[:, None, :] > 0)
+    & (col[0][None, :] <= col[0][:, None])[None]
+  )
+  prompt_btp = jnp.broadcast_to(
+    prompt_mask_bp[:, None, :], (*segment_bn.shape, prompt_mask_bp.shape[1])
+  )
+  return pos_bn, jnp.concatenate([prompt_btp, own_btt], axis=2)
 
 
 def positions_from_mask(mask_bt):
