@@ -126,6 +126,13 @@ def get_config(arg: str = "cooper"):
   # the reference pass and the RM reward run each distinct one once, the policy's weighted by
   # its count (the same loss, gradient and rewards up to float32 rounding; cooper_jax/merge.py).
   c.policy.merge_duplicate_rows = c.rm.merge_duplicate_rows = True
+  # ... and the distinct responses to a prompt packed into shared rows (cooper_jax/pack.py):
+  # about 60% of a merged batch's positions are padding at ~30-token responses in rows of 64.
+  # The sampler keeps each prompt's keys/values once for its G rows (sampling.sample's
+  # shared_prompt). Both change float rounding only; studies recorded before 2026-12-05 ran
+  # without them (results/wide_main; README's figures are from the setting as it is now).
+  c.policy.pack_rows = True
+  c.rollout.shared_prompt_decode = True
   c.data.train = f"{work}/data/train.jsonl"
   c.data.eval = f"{work}/data/test.jsonl"
   c.data.eval_limit = 100

@@ -133,8 +133,8 @@ def test_merged_batches_need_whole_batch_steps():
 def test_merged_run_trains_as_the_full_batch(tmp_path):
   """The small task's cooper run (reference pass, RM reward, rm_step) with merged rows: the
   same rollouts and the same policy metrics as without, step by step, and fewer rows."""
-  over = ("--config.rollout.group_size=8",)
-  full = _small(tmp_path / "full", "cooper", *over)
+  over = ("--config.rollout.group_size=8", "--config.policy.pack_rows=False")
+  full = _small(tmp_path / "full", "cooper", *over, "--config.policy.merge_duplicate_rows=False")
   merged = _small(tmp_path / "merged", "cooper", *over, "--config.policy.merge_duplicate_rows=True")
   assert any(r["policy/distinct_rows"] < 32 for r in merged)  # the SFT policy repeats itself
   for a, b in zip(full, merged):

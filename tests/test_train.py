@@ -122,6 +122,7 @@ def test_ppo_ratio_at_the_rollout_temperature(tmp_path):
     "--config.policy.ppo_epochs=2",
     "--config.policy.ppo_mini_batch_size=8",
     "--config.policy.merge_duplicate_rows=False",  # mini-batches need the unmerged rows
+    "--config.policy.pack_rows=False",  # (packed rows are merged ones)
     steps=1,
   )
   assert m["policy/updates"] == 4

@@ -249,16 +249,20 @@ class Attention(nn.Module):
         )
         k_bkse, v_bkse = put(cache_kv[0], k_btke), put(cache_kv[1], v_btke)
         new_kv = (k_bkse, v_bkse)
+        seg_bs = None
+        if isinstance(cache_mask_bs, tuple):  # packed rows: (mask, each slot's response)
+          cache_mask_bs, seg_bs = cache_mask_bs
+          seg_bt = jax.lax.dynamic_slice_in_dim(seg_bs, cache_index, t, axis=1)
         if read_slots is not None:
           k_bkse, v_bkse = k_bkse[:, :, :read_slots], v_bkse[:, :, :read_slots]
-          cache_mask_bs = cache_mask_bs[..., :read_slots]
+          cache_mask_bs = cache_mask_bs[:, :read_slots]
+          seg_bs = None if seg_bs is None else seg_bs[:, :read_slots]
         s_len = k_bkse.shape[2]
-        if cache_mask_bs.ndim == 3:  # [b, t, s]: each query's visible slots, given whole
-          ok_bts = cache_mask_bs
-        else:
-          # Slot j is visible to query i iff it holds a real token and j <= cache_index + i.
-          causal_ts = jnp.arange(s_len)[None, :] <= cache_index + jnp.arange(t)[:, None]
-          ok_bts = cache_mask_bs[:, None, :] & causal_ts[None]
+        # Slot j is visible to query i iff it holds a real token and j <= cache_index + i.
+        causal_ts = jnp.arange(s_len)[None, :] <= cache_index + jnp.arange(t)[:, None]
+        ok_bts = cache_mask_bs[:, None, :] & causal_ts[None]
+        if seg_bs is not None:  # ... and is a prompt slot (0) or the query's own response's
+          ok_bts &= (seg_bs[:, None, :] == 0) | (seg_bs[:, None, :] == seg_bt[:, :, None])
       # Queries as [b, k, g * t, e]: dots batched over (b, k) whose operands and results need
       # no transposes of the cache-sized arrays (2x faster on a CPU than [b, k, g, t, s]).
       q_bkqe = jnp.transpose(q_btkge, (0, 2, 3, 1, 4)).reshape(b, cfg.n_kv_heads, g * t, -1)
@@ -292,8 +296,8 @@ class Block(nn.Module):
   The carry is one stream x [b, t, d], or, for `Transformer.hidden_shared_prompt`, a pair
   (prompts [P, p, d], responses [b, n, d]) with positions paired the same way, masks as
   (prompts', responses', each row's prompt index [b] or None for G consecutive rows each) and
-  cache_mask_bs the responses' full [b, p + n] mask (or, for packed rows, each query's visible
-  slots [b, n, p + n]: `packed_positions_and_mask`): the layer runs once on the P prompts, then
+  cache_mask_bs the responses' full [b, p + n] mask (for packed rows, with each slot's
+  response: `Attention`): the layer runs once on the P prompts, then
   on the b = P * G responses, which attend over their prompt's keys/values (repeated G times)
   and their own, as a decode step of n tokens against a cache holding the prompt."""
 
@@ -414,8 +418,10 @@ class Transformer(nn.Module):
       prompt_mask_bp = jnp.repeat(prompt_mask_pp, group, axis=0)
     full_mask = jnp.concatenate([prompt_mask_bp, response_mask_bn], 1)
     pos_bn = positions_from_mask(full_mask)[:, prompt_pp.shape[1] :]
-    if segment_bn is not None:
-      pos_bn, full_mask = packed_positions_and_mask(prompt_mask_bp, segment_bn)
+    if segment_bn is not None:  # each slot's response (0: the prompt's slots, seen by all)
+      pos_bn = packed_positions(prompt_mask_bp, segment_bn)
+      slot_segment = jnp.pad(segment_bn.astype(jnp.int32), ((0, 0), (prompt_pp.shape[1], 0)))
+      full_mask = (full_mask, slot_segment)
     (x_pd, x_bnd), _ = self.layers(
       (self.embed(prompt_pp), self.embed(response_bn)),
       None,
@@ -504,24 +510,12 @@ def segment_starts(segment_bn):
   return (segment_bn > 0) & (segment_bn != before)
 
 
-def packed_positions_and_mask(prompt_mask_bp, segment_bn):
-  """RoPE positions [b, n] and visible slots [b, n, p + n] of packed response rows: each
-  response's tokens at the positions after its prompt's real tokens, as if alone in its row;
-  a query sees its prompt's real tokens and its own response's tokens up to itself."""
-  n = segment_bn.shape[1]
-  col = jnp.arange(n)[None]
+def packed_positions(prompt_mask_bp, segment_bn):
+  """RoPE positions [b, n] of packed response rows: each response's tokens at the positions
+  after its prompt's real tokens, as if alone in its row."""
+  col = jnp.arange(segment_bn.shape[1])[None]
   start_bn = jax.lax.cummax(jnp.where(segment_starts(segment_bn), col, 0), axis=1)
-  n_prompt_b = jnp.sum(prompt_mask_bp.astype(jnp.int32), axis=1)
-  pos_bn = n_prompt_b[:, None] + col - start_bn
-  own_btt = (
-    (segment_bn[:, :, None] == segment_bn[:, None, :])
-    & (segment_bn[:, None, :] > 0)
-    & (col[0][None, :] <= col[0][:, None])[None]
-  )
-  prompt_btp = jnp.broadcast_to(
-    prompt_mask_bp[:, None, :], (*segment_bn.shape, prompt_mask_bp.shape[1])
-  )
-  return pos_bn, jnp.concatenate([prompt_btp, own_btt], axis=2)
+  return jnp.sum(prompt_mask_bp.astype(jnp.int32), axis=1)[:, None] + col - start_bn
 
 
 def positions_from_mask(mask_bt):
