@@ -165,10 +165,10 @@ class MergedStep:
     pol = merge_rows(self.group_of, self.resp_tok, self.resp_len, extra=adv, n_devices=self.n_dev)
     self.rows, self.distinct = len(pol.index), pol.distinct
     everywhere = sharding.replicated(self.mesh)
-    w = self.resp_tok.shape[1]
     if self.pack:
       return self._packed_policy_batch(pol, adv, sampler_logp, ref_logp, everywhere)
-    self.fill = float(self.resp_len[pol.index[: pol.distinct]].sum()) / (self.rows * w)
+    width = self.resp_tok.shape[1]
+    self.fill = float(self.resp_len[pol.index[: pol.distinct]].sum()) / (self.rows * width)
     take = lambda x, idx: take_rows(
       x,
       dist.put_global(idx.astype(np.int32), everywhere),
@@ -186,8 +186,11 @@ class MergedStep:
   def _packed_policy_batch(self, pol: Merged, adv, sampler_logp, ref_logp, everywhere) -> dict:
     """policy_batch with the distinct rows packed: per-token advantage and weight, the
     sampler's log-probs gathered from its [n, w] rows, the reference pass's from its own
-    packing (the same one, usually: then nothing to gather)."""
-    packed = self._pack(pol)
+    packing (the same rows, usually: then the same packing, and nothing to gather)."""
+    idx = pol.index[: pol.distinct]
+    ref = self.ref_packed
+    same = np.array_equal(idx, self.ref.index[: self.ref.distinct])
+    packed = ref if same else self._pack(pol)  # packing depends on the rows alone
     self.rows, w = len(packed.prompt), self.resp_tok.shape[1]
     self.fill = float(packed.valid.sum()) / (self.rows * w)
     sh = sharding.batch_sharding(self.mesh, 2)
@@ -195,29 +198,20 @@ class MergedStep:
     batch = self._packed_rows(pol, packed)
     at_rows = lambda v: np.broadcast_to(np.asarray(v)[:, None], (len(v), w))
     batch["row_weight"] = self._put(packed.gather(at_rows(pol.weight[: pol.distinct])))
-    batch["advantages"] = self._put(
-      packed.gather(at_rows(adv[pol.index[: pol.distinct]].astype(np.float32)))
-    )
-    batch["sampler_logp"] = take(sampler_logp, packed.flat_index(pol.index[: pol.distinct], w))
-    if ref_logp is not None:
-      ref = self.ref_packed
-      same = (
-        np.array_equal(pol.index[: pol.distinct], self.ref.index[: self.ref.distinct])
-        and np.array_equal(packed.src_row, ref.src_row)
-        and np.array_equal(packed.src_col, ref.src_col)
-      )
-      if same:
-        batch["ref_logp"] = ref_logp
-      else:
-        # Each policy position's reference log-prob: its (distinct reference row, column)'s
-        # packed position in the reference batch.
-        pos = np.zeros((self.ref.distinct, w), np.int64)
-        pos[ref.src_row[ref.valid], ref.src_col[ref.valid]] = np.flatnonzero(ref.valid.reshape(-1))
-        ref_row = self.ref.inverse[pol.index[: pol.distinct]]
-        flat = np.where(
-          packed.valid,
-          pos[ref_row[np.maximum(packed.src_row, 0)], np.maximum(packed.src_col, 0)],
-          0,
-        ).astype(np.int32)
-        batch["ref_logp"] = take(ref_logp, flat)
+    batch["advantages"] = self._put(packed.gather(at_rows(adv[idx].astype(np.float32))))
+    batch["sampler_logp"] = take(sampler_logp, packed.flat_index(idx))
+    if ref_logp is not None and same:
+      batch["ref_logp"] = ref_logp
+    elif ref_logp is not None:
+      # Each policy position's reference log-prob: its (distinct reference row, column)'s
+      # packed position in the reference batch.
+      pos = np.zeros((self.ref.distinct, w), np.int64)
+      pos[ref.src_row[ref.valid], ref.src_col[ref.valid]] = np.flatnonzero(ref.valid.reshape(-1))
+      ref_row = self.ref.inverse[idx]
+      flat = np.where(
+        packed.valid,
+        pos[ref_row[np.maximum(packed.src_row, 0)], np.maximum(packed.src_col, 0)],
+        0,
+      ).astype(np.int32)
+      batch["ref_logp"] = take(ref_logp, flat)
     return batch

@@ -50,11 +50,10 @@ class Packed:
     out = x[np.maximum(self.src_row, 0), np.maximum(self.src_col, 0)]
     return np.where(self.valid, out, np.asarray(fill, x.dtype))
 
-  def flat_index(self, row_of: np.ndarray | None = None, width: int | None = None) -> np.ndarray:
-    """[r, w] int32 indices into an [m, width] array flattened, of each packed position's
-    (row_of[src_row], src_col) (row_of: identity by default; width: this packing's); 0 at
-    padding."""
-    width = self.src_col.shape[1] if width is None else width
+  def flat_index(self, row_of: np.ndarray | None = None) -> np.ndarray:
+    """[r, w] int32 indices into an [m, w] array flattened (w: this packing's width), of each
+    packed position's (row_of[src_row], src_col) (row_of: identity by default); 0 at padding."""
+    width = self.src_col.shape[1]
     rows = self.src_row if row_of is None else np.asarray(row_of)[np.maximum(self.src_row, 0)]
     return np.where(self.valid, rows * width + self.src_col, 0).astype(np.int32)
 
