@@ -119,8 +119,7 @@ def get_config(arg: str = "cooper"):
   c.rm.model = f"{work}/rm"
   c.rm.max_len = 384
   # Attention in chunks of rows with 1 MiB of scores each (transformer.attend; the same values
-  # up to float32 rounding) and prompts padded to multiples of 16 tokens, not 32 (the prompts
-  # are 30-73 tokens): cheaper steps on a CPU (BUILD.md, "The small-task step").
+  # up to float32 rounding): cheaper steps on a CPU (BUILD.md, "The small-task step").
   c.policy.attn_chunk_bytes = c.rm.attn_chunk_bytes = 1 << 20
   # A group's rollouts repeat one another (about half of them in the studies): the policy step,
   # the reference pass and the RM reward run each distinct one once, the policy's weighted by
@@ -143,7 +142,14 @@ def get_config(arg: str = "cooper"):
   c.rollout.group_size = 8
   c.rollout.max_prompt_len = 128
   c.rollout.max_new_tokens = 96
-  c.rollout.prompt_pad_multiple = 16
+  # One prompt width and two response widths: the task's prompts are 30-73 tokens, so a
+  # multiple of 80 pads every batch to 80; responses are cut to 64 or 96 (packed rows hold
+  # two ~30-token responses in 64 as cheaply as one in 32). Each (prompt width, response
+  # width, packed rows) is a policy step compiled per study and traced per run (~1-1.5 s
+  # with the persistent cache warm): with multiples of 16 and 32 the main study met 28 such
+  # shapes, 11-19 per run (results/wide_fewshapes/README.md).
+  c.rollout.prompt_pad_multiple = 80
+  c.rollout.response_pad_multiple = 64
   # lr 1e-4 with a 20-step warm-up (the reference code's), 100 steps: on this policy the rule
   # reward raises the rollouts' accuracy ~10 points and greedy held-out accuracy stays within
   # noise; at 2e-4 and 3e-4 greedy accuracy falls 6-8 points even under the rule reward

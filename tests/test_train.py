@@ -224,7 +224,9 @@ def test_response_width_cut_leaves_the_update_unchanged(tmp_path):
   keep = ("--config.train.checkpoint_every=1", "--config.train.max_to_keep=10")
   no_pack = "--config.policy.pack_rows=False"
   full_width = ("--config.rollout.response_pad_multiple=0", no_pack)
-  cut = _small(tmp_path / "cut", "rule", *keep, no_pack)
+  cut = _small(
+    tmp_path / "cut", "rule", *keep, no_pack, "--config.rollout.response_pad_multiple=32"
+  )
   full = _small(tmp_path / "full", "rule", *full_width, steps=1)
   resume_from(tmp_path / "cut", 1, tmp_path / "full2")
   full += _small(tmp_path / "full2", "rule", *full_width, steps=2)

@@ -419,11 +419,18 @@ def main(argv=None) -> dict | None:
   t_build = time.perf_counter() - t0
   seeds = [int(s) for s in a.seeds.split(",")]
   conditions = [c for c in a.conditions.split(",") if c and c != "untrained"]
-  # The longest runs first and the untrained evaluations (seconds each) last, so that the last
-  # runs to finish are short ones and no job waits long on one core (conditions are listed
-  # cheapest first: rule, frozen RM, co-trained RM).
-  order = [*reversed(conditions), "untrained"]
-  done = run_all(a, argv, [(c, s) for c in order for s in seeds])
+  # Seed by seed, each seed's costliest condition first (conditions are listed cheapest
+  # first: rule, frozen RM, co-trained RM), the untrained evaluations (seconds each) last so
+  # that the last runs to finish are short ones. Seed-major, the runs side by side are of
+  # different conditions and seeds, and meet a new compiled shape at different times: a
+  # shape is compiled by one and read from the persistent cache by the other, where two runs
+  # of one condition started together compile each shape twice (the two hacked Cooper runs of
+  # results/wide_packed: ~300 s of compiles each). An interrupted study leaves whole seeds.
+  done = run_all(
+    a,
+    argv,
+    [(c, s) for s in seeds for c in reversed(conditions)] + [("untrained", s) for s in seeds],
+  )
   return report_study(a, seeds, conditions, done, t0, t_build)
 
 
