@@ -147,7 +147,7 @@ def get_config(arg: str = "cooper"):
   # two ~30-token responses in 64 as cheaply as one in 32). Each (prompt width, response
   # width, packed rows) is a policy step compiled per study and traced per run (~1-1.5 s
   # with the persistent cache warm): with multiples of 16 and 32 the main study met 28 such
-  # shapes, 11-19 per run (results/wide_fewshapes/README.md).
+  # shapes, 10-20 per run (results/wide_fewshapes/README.md).
   c.rollout.prompt_pad_multiple = 80
   c.rollout.response_pad_multiple = 64
   # lr 1e-4 with a 20-step warm-up (the reference code's), 100 steps: on this policy the rule
