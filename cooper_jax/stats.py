@@ -78,6 +78,32 @@ def paired_test(a, b, n: int = 10000, seed: int = 0) -> dict:
   return {"mean_diff": float(d.mean()), "ci95": [lo, hi], "p_value": p, "n_problems": d.shape[0]}
 
 
+def roc_auc(scores, labels) -> float | None:
+  """Area under the ROC curve: P(score of a random positive > that of a random negative),
+  ties counting 1/2 (Mann-Whitney U / (n_pos n_neg)). None without both classes."""
+  s, y = np.asarray(scores, np.float64), np.asarray(labels)
+  pos, neg = s[y == 1], s[y == 0]
+  if pos.size == 0 or neg.size == 0:
+    return None
+  diff = pos[:, None] - neg[None, :]
+  return float(((diff > 0).sum() + 0.5 * (diff == 0).sum()) / diff.size)
+
+
+def sign_test(wins: int, losses: int) -> float:
+  """Two-sided exact sign test: p of a split at least as uneven as wins : losses when each
+  non-tied pair goes either way with probability 1/2 (ties are left out before calling)."""
+  import math  # pylint: disable=import-outside-toplevel
+
+  n = wins + losses
+  if wins < 0 or losses < 0:
+    raise ValueError(f"sign_test needs counts >= 0, got {wins}, {losses}")
+  if n == 0:
+    return 1.0
+  k = min(wins, losses)
+  tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n
+  return min(1.0, 2.0 * tail)
+
+
 def seed_paired_test(a_seeds, b_seeds) -> dict:
   """Condition a vs b at the level of independent runs: a_seeds[i], b_seeds[i] are the two
   conditions' accuracies with seed i (same data, same seed). Returns the per-seed differences,

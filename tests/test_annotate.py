@@ -11,7 +11,8 @@ from cooper_jax import stats
 from cooper_jax.models.tolerance import float32_logit_atol
 from cooper_jax.models.transformer import forward
 from cooper_jax.prompts import cut_long_text
-from cooper_jax.rewards.judge import judge_prompt, llm_judge
+from cooper_jax.rewards.judge import control_items, judge_control, judge_prompt, llm_judge
+from cooper_jax.rewards.verify import RuleVerifier
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
@@ -108,6 +109,62 @@ def test_binary_metrics_hand_computed():
   )
   lo, hi = ci["precision"]
   assert 0 <= lo <= 2 / 3 <= hi <= 1
+
+
+def test_sign_test_and_auc_hand_computed():
+  # 10 : 2 -> 2 (C(12,0) + C(12,1) + C(12,2)) / 2^12 = 158 / 4096
+  assert stats.sign_test(10, 2) == pytest.approx(158 / 4096)
+  assert stats.sign_test(2, 10) == pytest.approx(158 / 4096)
+  assert stats.sign_test(3, 3) == 1.0 and stats.sign_test(0, 0) == 1.0
+  assert stats.sign_test(5, 0) == pytest.approx(2 / 32)
+  # pairs (pos, neg): 0.9>0.4, 0.9>0.1, 0.4=0.4 (1/2), 0.4>0.1 -> 3.5 / 4
+  assert stats.roc_auc([0.9, 0.4, 0.4, 0.1], [1, 1, 0, 0]) == pytest.approx(0.875)
+  assert stats.roc_auc([0.3, 0.2], [1, 1]) is None
+
+
+REFS = ["42", "1,000", "3.5", "0", "\\frac{1}{2}", "x^2", "-7", ""]
+
+
+def test_control_items_are_right_and_wrong_by_math_verify():
+  idx, right, wrong = control_items(REFS, seed=3)
+  assert idx == list(range(len(REFS) - 1))  # only the empty reference is skipped
+  refs = [REFS[i] for i in idx]
+  with RuleVerifier(1) as v:
+    good = v.verify(right, refs, 5.0).labels()
+    bad = v.verify(wrong, refs, 5.0).labels()
+  assert list(good) == [1] * len(idx) and list(bad) == [0] * len(idx)
+  # the two solutions differ only inside the box
+  for r, w in zip(right, wrong):
+    assert r.split("\\boxed")[0] == w.split("\\boxed")[0] and r != w
+
+
+def _fake_judge(p_of):
+  """A judge_fn whose p_yes is p_of(reference, boxed answer)."""
+
+  def judge_fn(questions, references, completions):
+    boxed = [c.split("\\boxed{")[1].rsplit("}$", 1)[0] for c in completions]
+    p = [p_of(r, b) for r, b in zip(references, boxed)]
+    return np.array([-1 if x is None else int(x > 0.5) for x in p]), {"p_yes": p}
+
+  return judge_fn
+
+
+def test_judge_control_oracle_chance_and_inverted():
+  qs = [f"q{i}" for i in range(len(REFS))]
+  n = len(REFS) - 1
+  oracle = judge_control(_fake_judge(lambda r, b: float(r == b)), qs, REFS)
+  assert oracle["n_items"] == 2 * n and oracle["skipped"] == 1
+  assert oracle["auc"] == 1.0 and oracle["prefers_right"] == n and oracle["ties"] == 0
+  assert oracle["sign_test_p"] == pytest.approx(2 / 2**n) and oracle["discriminates"]
+  assert (oracle["yes_rate_right"], oracle["yes_rate_wrong"]) == (1.0, 0.0)
+  flat = judge_control(_fake_judge(lambda r, b: 0.7), qs, REFS)
+  assert flat["auc"] == 0.5 and flat["ties"] == n and flat["sign_test_p"] == 1.0
+  assert not flat["discriminates"]
+  inverted = judge_control(_fake_judge(lambda r, b: float(r != b)), qs, REFS)
+  assert inverted["auc"] == 0.0 and inverted["prefers_wrong"] == n
+  assert not inverted["discriminates"]  # significant, but the wrong way round
+  none = judge_control(_fake_judge(lambda r, b: None), qs, REFS)  # every item undecided
+  assert none["undecided_items"] == 2 * n and none["auc"] is None and not none["discriminates"]
 
 
 def test_exact_int_gold():

@@ -16,7 +16,15 @@ from cooper_jax.weights.hf_io import save_hf_dir
 ROOT = Path(__file__).resolve().parents[1]
 # One GRPO mode (cooper: the one that uses the VerifyRM and the assistant) keeps the test short;
 # the smoke run in results/ has all three.
-STAGES = ["annotate", "verifyrm", "select", "grpo/cooper", "evaluate/untrained", "evaluate/cooper"]
+STAGES = [
+  "judge_control",
+  "annotate",
+  "verifyrm",
+  "select",
+  "grpo/cooper",
+  "evaluate/untrained",
+  "evaluate/cooper",
+]
 
 
 def _pipeline(out, model, data):
@@ -24,6 +32,7 @@ def _pipeline(out, model, data):
   for role in ("policy", "judge", "rm_backbone", "assistant"):
     args += [f"--{role}", str(model)]
   args += ["--annotate_limit", "4", "--annotate_samples", "2", "--annotate_temperatures", "1.0"]
+  args += ["--judge_control", "3"]
   args += ["--max_new_tokens", "8", "--rm_steps", "2", "--rm_batch", "4", "--rm_max_len", "128"]
   args += ["--steps", "1", "--eval_limit", "1", "--eval_samples", "1"]
   args += ["--eval_max_new_tokens", "8", "--benchmarks", "gsm8k/test,odyssey_math/test"]
@@ -54,6 +63,9 @@ def test_pipeline_end_to_end_and_resume(tmp_path, tiny_smol):
   assert ann["n_kept"] + ann["n_dropped"] == 8 and ann["n_kept"] >= 1
   assert ann["kept_positive"] + ann["kept_negative"] == ann["n_kept"]
   assert rm["n_train"] + rm["n_heldout"] == ann["n_kept"]
+  control = recs["judge_control"]  # the judge's positive control: 3 questions, 6 items
+  assert control["n_items"] == 6 and 0.0 <= control["auc"] <= 1.0
+  assert control["prefers_right"] + control["prefers_wrong"] + control["ties"] == 3
   assert (Path(rm["rm"]) / "config.json").exists()
   sel = recs["select"]
   assert sel["n_questions"] == 4 and sel["n_mixed"] + sel["n_all_wrong"] + sel["n_all_right"] == 4
@@ -67,6 +79,7 @@ def test_pipeline_end_to_end_and_resume(tmp_path, tiny_smol):
     bench = recs[f"evaluate/{name}"]["benchmarks"]
     assert len(bench) == 2 and all(b["n_problems"] == 1 for b in bench.values())
   report = (out / "pipeline.md").read_text()
+  assert "judge control (3 questions" in report
   assert "odyssey_math/test" in report and report.count("| cooper |") == 2  # GRPO, Table 3
   mtimes = {s: (out / s / "record.json").stat().st_mtime_ns for s in STAGES}
   again = _pipeline(out, model, data)  # resumes: every stage is recorded, none reruns

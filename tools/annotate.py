@@ -14,7 +14,9 @@ Outputs (written atomically; BASE is --out without a trailing .jsonl):
   BASE.kept.jsonl  the agreeing triples {question, reference, completion, label, rule_label,
                    judge_label, generator, temperature, id}, ready for tools/pretrain_rm.py
   BASE.stats.json  counts, agreement rate, Cohen's kappa, the rule x judge confusion matrix,
-                   rates per generator, verifier status counts, truncation, timings
+                   rates per generator, verifier status counts, truncation, timings, and the
+                   judge's positive control (--judge_control: can it tell a right boxed answer
+                   from a wrong one on clean solutions? warned about when it cannot)
 
   python tools/annotate.py --policies smollm2-135m-instruct@0.7,smollm2-135m-instruct@1.0 \\
       --judge smollm2-135m-instruct --data gsm8k/train --limit 8 --samples 2 \\
@@ -24,6 +26,7 @@ Outputs (written atomically; BASE is --out without a trailing .jsonl):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import time
@@ -124,6 +127,15 @@ def format_stats(stats: dict) -> str:
   for ra in LABELS:
     row = a["confusion"][f"rule={ra}"]
     lines.append(f"  rule={ra:>2}: " + "  ".join(f"{row[f'judge={b}']:>5}" for b in LABELS))
+  c = stats.get("judge_control")
+  if c and c.get("auc") is not None:
+    lines.append(
+      f"judge control ({c['n_items'] // 2} questions, a right and a wrong clean solution each): "
+      f"AUC {c['auc']:.3f}, prefers right {c['prefers_right']} / wrong {c['prefers_wrong']} / "
+      f"ties {c['ties']} (sign test p {c['sign_test_p']:.3g}), yes on right "
+      f"{c['yes_rate_right']:.2f}, on wrong {c['yes_rate_wrong']:.2f}: "
+      + ("discriminates" if c["discriminates"] else "DOES NOT discriminate")
+    )
   for g, s in stats["per_generator"].items():
     lines.append(
       f"{g}: n {s['n']}, rule+ {fmt(s['rule_positive_rate'])}, judge+ "
@@ -134,6 +146,34 @@ def format_stats(stats: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------- model work
+def control_judge(data: str, n: int, judge_fn, seed: int = 0) -> dict:
+  """The judge's positive control (rewards.judge.judge_control) on the first n questions of
+  `data`, with a warning when the judge cannot tell a right answer from a wrong one.
+  judge_fn: e.g. functools.partial(llm_judge, cfg, params, tokenizer)."""
+  from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
+  from cooper_jax.rewards.judge import judge_control  # pylint: disable=import-outside-toplevel
+
+  t0 = time.perf_counter()
+  rows, report = load_qa(data, limit=n)
+  c = judge_control(
+    judge_fn, [r["question"] for r in rows], [str(r["answer"]) for r in rows], seed=seed
+  )
+  c.update(data=str(report.location), data_skipped_bad_rows=report.skipped)
+  c["wall_s"] = time.perf_counter() - t0
+  if not c["discriminates"]:
+    logger.warning(
+      "judge control: the judge does not tell a right final answer from a wrong one on clean "
+      "solutions (AUC %s, prefers right in %s and wrong in %s of %d questions, sign test p "
+      "%s): its labels are near chance, and so is what it adds to the kept set",
+      c.get("auc"),
+      c.get("prefers_right"),
+      c.get("prefers_wrong"),
+      c["n_items"] // 2,
+      c.get("sign_test_p"),
+    )
+  return c
+
+
 def _load_model(source: str, cache: dict):
   """(cfg, params, tokenizer); keeps the last loaded model so repeated sources load once."""
   from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
@@ -252,15 +292,14 @@ def run(a) -> dict:
   rule = res.labels()
 
   jcfg, jparams, jtok = _load_model(a.judge, cache)
-  judge, jstats = llm_judge(
-    jcfg,
-    jparams,
-    jtok,
+  judge_fn = functools.partial(
+    llm_judge, jcfg, jparams, jtok, batch_size=a.batch_size, max_len=a.judge_max_len
+  )
+  control = control_judge(a.data, a.judge_control, judge_fn, a.seed) if a.judge_control else None
+  judge, jstats = judge_fn(
     [t["question"] for t in triples],
     [t["reference"] for t in triples],
     [t["completion"] for t in triples],
-    batch_size=a.batch_size,
-    max_len=a.judge_max_len,
   )
   timings["judge_s"] = jstats["wall_s"]
   p_yes = jstats.pop("p_yes")  # per item: goes into the triples, not the stats file
@@ -311,6 +350,7 @@ def run(a) -> dict:
     "rule_status_counts": {k: int(v) for k, v in res.counts.items()},
     "rule_worker_restarts": int(res.worker_restarts),
     "judge": jstats,
+    "judge_control": control,
     "truncated_completions": int(sum(not t["ended"] for t in triples)),
     "timings": timings,
     "files": {k: str(p) for k, p in paths.items()},
@@ -338,12 +378,21 @@ def parse_args(argv=None):
   p.add_argument("--temperature", type=float, default=1.0, help="for policies without @T")
   p.add_argument("--top_p", type=float, default=1.0)
   p.add_argument("--judge_max_len", type=int, default=2048, help="judge prompt tokens")
+  p.add_argument(
+    "--judge_control",
+    type=int,
+    default=32,
+    help="questions (the first N of --data) for the judge's positive control: a right and a "
+    "wrong clean solution each (rewards.judge.judge_control); 0 = off",
+  )
   p.add_argument("--deadline_s", type=float, default=5.0, help="math-verify deadline per item")
   p.add_argument("--workers", type=int, default=None, help="math-verify processes")
   p.add_argument("--seed", type=int, default=0)
   a = p.parse_args(argv)
   if a.samples < 1 or a.batch_size < 1 or a.max_new_tokens < 1:
     p.error("--samples, --batch_size and --max_new_tokens must be >= 1")
+  if a.judge_control < 0:
+    p.error("--judge_control must be >= 0")
   return a
 
 

@@ -1,5 +1,8 @@
 """The paper's four stages in one command, resumable by stage.
 
+  judge_control  the judge's positive control: a right and a wrong clean solution to each of
+             the first --judge_control questions; a judge that cannot tell them apart is
+             reported (AUC, sign test) before its labels are used
   annotate   the policy's rollouts labelled by math-verify and an LLM judge; the triples where
              both agree are kept (hybrid annotation; tools/annotate.py)
   verifyrm   the reference-based RM pretrained with BCE on them, precision / recall on held-out
@@ -30,6 +33,7 @@ elsewhere every group's rule reward is constant, and Cooper has no rule positive
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import time
@@ -47,6 +51,7 @@ PRESETS = {
     train_data="gsm8k-onestep",
     grpo_data="mixed",
     annotate_limit=12,
+    judge_control=32,
     annotate_samples=4,
     annotate_temperatures="0.7,1.0",
     max_new_tokens=160,
@@ -72,6 +77,7 @@ PRESETS = {
     train_data="gsm8k/train",
     grpo_data="train",
     annotate_limit=0,
+    judge_control=200,
     annotate_samples=4,
     annotate_temperatures="0.7,1.0",
     max_new_tokens=1024,
@@ -168,6 +174,19 @@ def stage_select(out: Path, triples: Path, policy: str) -> dict:
   }
 
 
+def stage_judge_control(a, train_data: str) -> dict:
+  """Before the judge labels anything: can it tell a right boxed answer from a wrong one on
+  clean solutions to the first --judge_control training questions? (annotate.control_judge)"""
+  import annotate  # pylint: disable=import-outside-toplevel
+
+  from cooper_jax.rewards.judge import llm_judge  # pylint: disable=import-outside-toplevel
+
+  cfg, params, tok = annotate._load_model(a.judge, {})  # pylint: disable=protected-access
+  return annotate.control_judge(
+    train_data, a.judge_control, functools.partial(llm_judge, cfg, params, tok), a.seed
+  )
+
+
 def stage_annotate(a, out: Path, train_data: str) -> dict:
   import annotate  # pylint: disable=import-outside-toplevel
 
@@ -175,6 +194,7 @@ def stage_annotate(a, out: Path, train_data: str) -> dict:
   args = ["--policies", policies, "--judge", a.judge, "--data", train_data]
   args += ["--samples", str(a.annotate_samples), "--max_new_tokens", str(a.max_new_tokens)]
   args += ["--out", str(out / "triples.jsonl"), "--seed", str(a.seed)]
+  args += ["--judge_control", "0"]  # the pipeline's own judge_control stage ran it
   if a.annotate_limit:
     args += ["--limit", str(a.annotate_limit)]
   s = annotate.main(args)["agreement"]
@@ -265,6 +285,23 @@ def stage_evaluate(a, out: Path, name: str, source: list[str]) -> dict:
   return {"benchmarks": bench, "average": res["average"], "table": (out / "table.md").read_text()}
 
 
+def _control_lines(c) -> list[str]:
+  if not c or c.get("auc") is None:
+    return ["- judge control: not run"]
+  verdict = (
+    "the judge discriminates"
+    if c["discriminates"]
+    else "**the judge does not discriminate**: its labels are near chance, so the kept set is "
+    "the triples where a chance label happened to match the rule's"
+  )
+  return [
+    f"- judge control ({c['n_items'] // 2} questions, a right and a wrong clean solution each): "
+    f"AUC {c['auc']:.3f}; prefers the right one in {c['prefers_right']}, the wrong one in "
+    f"{c['prefers_wrong']}, ties {c['ties']} (sign test p {c['sign_test_p']:.3g}); says yes to "
+    f"{c['yes_rate_right']:.2f} of right, {c['yes_rate_wrong']:.2f} of wrong: {verdict}"
+  ]
+
+
 def format_report(a, recs: dict) -> str:
   ann, rm = recs["annotate"], recs["verifyrm"]
   lines = [f"# Paper pipeline, size {a.size}", "", "## 1. Hybrid annotation", ""]
@@ -275,6 +312,7 @@ def format_report(a, recs: dict) -> str:
     f"correct, {ann['kept_negative']} wrong), dropped {ann['n_dropped']} (undecided: rule "
     f"{ann['rule_undecided']}, judge {ann['judge_undecided']})",
     f"- rule x judge confusion: {json.dumps(ann['confusion'])}",
+    *_control_lines(recs.get("judge_control")),
     "",
     "## 2. VerifyRM (BCE on the kept triples)",
     "",
@@ -328,9 +366,14 @@ def main(argv=None) -> dict:
   train_data = a.train_data
   if train_data == "gsm8k-onestep":
     train_data = str(onestep_gsm8k(out / "data" / "gsm8k_onestep.jsonl"))
-  recs = {
-    "annotate": _record(out / "annotate", lambda: stage_annotate(a, out / "annotate", train_data))
-  }
+  recs = {}
+  if a.judge_control:
+    recs["judge_control"] = _record(
+      out / "judge_control", lambda: stage_judge_control(a, train_data)
+    )
+  recs["annotate"] = _record(
+    out / "annotate", lambda: stage_annotate(a, out / "annotate", train_data)
+  )
   if not recs["annotate"]["n_kept"]:
     raise SystemExit(
       f"annotation kept no triple ({out / 'annotate' / 'record.json'}): no RM to train"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,8 @@ import numpy as np
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import Transformer, positions_from_mask
 from cooper_jax.prompts import cut_long_text, left_pad, padded_batches
+from cooper_jax.rewards.pairs import perturb_solution
+from cooper_jax.stats import roc_auc, sign_test
 
 logger = logging.getLogger(__name__)
 
@@ -224,4 +226,86 @@ def llm_judge(
   return labels, stats
 
 
-__all__ = ["JUDGE_INSTRUCTION", "judge_prompt", "answer_token_ids", "decide", "llm_judge"]
+# A clean solution whose only content is its final answer: the control asks the judge the
+# easiest form of its question (is this boxed answer the reference?).
+CONTROL_SOLUTION = "Working through the problem step by step gives the result.\nThe final answer is $\\boxed{{{answer}}}$."
+
+
+def control_items(
+  references: Sequence[str], seed: int = 0
+) -> tuple[list[int], list[str], list[str]]:
+  """(kept question indexes, right completions, wrong completions) for the judge control.
+
+  Right: CONTROL_SOLUTION with the reference boxed. Wrong: the same text with its final
+  answer perturbed (rewards.pairs.perturb_solution: another number, or " + 1" on a
+  non-numeric answer), so the two differ only in the answer. A reference that is empty or
+  that the perturbation cannot change is skipped (the caller counts them)."""
+  rng = np.random.default_rng(seed)
+  idx, right, wrong = [], [], []
+  for i, ref in enumerate(references):
+    ref = str(ref).strip()
+    if not ref:
+      continue
+    good = CONTROL_SOLUTION.format(answer=ref)
+    bad = perturb_solution(good, rng)
+    if not bad or bad == good:
+      continue
+    idx.append(i)
+    right.append(good)
+    wrong.append(bad)
+  return idx, right, wrong
+
+
+def judge_control(
+  judge_fn: Callable, questions: Sequence[str], references: Sequence[str], *, seed: int = 0
+) -> dict:
+  """A positive control for a judge, before its labels are trusted: can it tell a right
+  final answer from a wrong one when nothing else differs?
+
+  judge_fn(questions, references, completions) -> (labels, stats with per-item "p_yes"), e.g.
+  functools.partial(llm_judge, cfg, params, tokenizer). Each question is judged with a right
+  and a wrong clean solution (control_items). Returns counts and: auc (p_yes of right vs
+  wrong items), per question whether p_yes(right) > p_yes(wrong) (prefers_right /
+  prefers_wrong / ties, an undecided item counting as a tie), the exact sign test's p over
+  those, the yes rates on right and wrong items, and `discriminates` (more questions prefer
+  right than wrong at p < 0.05). A judge at chance here labels real rollouts at chance too.
+  """
+  idx, right, wrong = control_items(references, seed)
+  n = len(idx)
+  out = {"n_questions": len(questions), "n_items": 2 * n, "skipped": len(questions) - n}
+  if n == 0:
+    return out | {"auc": None, "discriminates": False}
+  qs = [questions[i] for i in idx] * 2
+  refs = [str(references[i]) for i in idx] * 2
+  labels, stats = judge_fn(qs, refs, right + wrong)
+  p = np.array([np.nan if v is None else v for v in stats["p_yes"]], np.float64)
+  labels = np.asarray(labels)
+  y = np.r_[np.ones(n, int), np.zeros(n, int)]
+  ok = np.isfinite(p)
+  pr, pw = p[:n], p[n:]
+  decided = np.isfinite(pr) & np.isfinite(pw)
+  better, worse = int((decided & (pr > pw)).sum()), int((decided & (pr < pw)).sum())
+  sign_p = sign_test(better, worse)
+  return out | {
+    "auc": roc_auc(p[ok], y[ok]),
+    "undecided_items": int((~ok).sum()),
+    "prefers_right": better,
+    "prefers_wrong": worse,
+    "ties": n - better - worse,
+    "sign_test_p": sign_p,
+    "yes_rate_right": float((labels[:n] == 1).mean()),
+    "yes_rate_wrong": float((labels[n:] == 1).mean()),
+    "discriminates": bool(better > worse and sign_p < 0.05),
+    "example": {"reference": refs[0], "right": right[0], "wrong": wrong[0]},
+  }
+
+
+__all__ = [
+  "JUDGE_INSTRUCTION",
+  "judge_prompt",
+  "answer_token_ids",
+  "decide",
+  "llm_judge",
+  "control_items",
+  "judge_control",
+]
