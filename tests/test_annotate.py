@@ -24,7 +24,7 @@ def _tool(name):
   return mod
 
 
-annotate, compare = _tool("annotate"), _tool("compare_verifiers")
+annotate, compare, pretrain_rm = _tool("annotate"), _tool("compare_verifiers"), _tool("pretrain_rm")
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +165,25 @@ def test_judge_control_oracle_chance_and_inverted():
   assert not inverted["discriminates"]  # significant, but the wrong way round
   none = judge_control(_fake_judge(lambda r, b: None), qs, REFS)  # every item undecided
   assert none["undecided_items"] == 2 * n and none["auc"] is None and not none["discriminates"]
+
+
+def test_pretrain_rm_heldout_metrics_undefined_is_none(tiny):
+  _, _, tok = tiny
+
+  def fixed(probs):
+    return lambda params, tokens, mask: np.asarray(probs[: tokens.shape[0]])
+
+  def triples(labels):
+    return [{"question": "q", "reference": "1", "completion": "c", "label": y} for y in labels]
+
+  # no correct triple held out and none predicted: precision and recall undefined, not 0
+  m = pretrain_rm.heldout_metrics(fixed([0.1, 0.2, 0.3, 0.4]), None, tok, triples([0] * 4), 64)
+  assert m["precision"] is None and m["recall"] is None
+  assert (m["tp"], m["fp"], m["fn"], m["tn"], m["accuracy"]) == (0, 0, 0, 4, 1.0)
+  # scores 0.9 0.6 0.2 0.1 on labels 1 0 1 0: tp 1, fp 1, fn 1, tn 1
+  m = pretrain_rm.heldout_metrics(fixed([0.9, 0.6, 0.2, 0.1]), None, tok, triples([1, 0, 1, 0]), 64)
+  assert (m["tp"], m["fp"], m["fn"], m["tn"]) == (1, 1, 1, 1)
+  assert m["precision"] == 0.5 and m["recall"] == 0.5 and m["accuracy"] == 0.5
 
 
 def test_exact_int_gold():

@@ -193,9 +193,15 @@ def encode(tok, triples, max_len):
   )
 
 
+def _num(x) -> str:
+  return "n/a" if x is None else f"{x:.3f}"
+
+
 def heldout_metrics(score_fn, params, tok, triples, max_len, batch=128) -> dict:
-  """accuracy / precision / recall at sigmoid > 0.5 and the mean BCE, over all triples."""
-  from cooper_jax.stats import precision_recall  # pylint: disable=import-outside-toplevel
+  """accuracy / precision / recall at sigmoid > 0.5 and the mean BCE, over all triples.
+  Precision is None when nothing is predicted correct, recall None when no triple is correct
+  (undefined, not 0); tp / fp / fn / tn say why."""
+  from cooper_jax.stats import binary_metrics  # pylint: disable=import-outside-toplevel
 
   probs = []
   for s in range(0, len(triples), batch):
@@ -205,14 +211,15 @@ def heldout_metrics(score_fn, params, tok, triples, max_len, batch=128) -> dict:
   p = np.concatenate(probs).astype(np.float64)
   y = np.asarray([t["label"] for t in triples], bool)
   pred = p > 0.5  # as losses.bce_loss: logit > 0 (a zero head predicts "wrong")
-  precision, recall = precision_recall(pred, y)
+  m = binary_metrics(pred.astype(int), y.astype(int))
   eps = 1e-7
   return {
     "n": int(y.size),
     "positive_rate": float(y.mean()),
     "accuracy": float(np.mean(pred == y)),
-    "precision": float(precision),
-    "recall": float(recall),
+    "precision": m["precision"],
+    "recall": m["recall"],
+    **{k: int(m[k]) for k in ("tp", "fp", "fn", "tn")},
     "predicted_positive_rate": float(pred.mean()),
     "bce": float(-np.mean(y * np.log(p + eps) + (~y) * np.log(1 - p + eps))),
   }
@@ -331,7 +338,7 @@ def main(argv=None) -> dict:
   atomic_write_json(out / "rm_report.json", report)
   print(
     f"saved {out}; held-out after: acc {after['accuracy']:.3f} precision "
-    f"{after['precision']:.3f} recall {after['recall']:.3f} (n {after['n']}, "
+    f"{_num(after['precision'])} recall {_num(after['recall'])} (n {after['n']}, "
     f"{after['positive_rate']:.1%} positive); train {train_s:.0f}s, wall "
     f"{report['wall_s']:.0f}s",
     flush=True,
