@@ -195,6 +195,11 @@ def base_config() -> ml_collections.ConfigDict:
     # of copied to each row (sampling.sample shared_prompt): the same distribution, values equal
     # up to float32 rounding. Off by default so that recorded runs replay bit for bit.
     shared_prompt_decode=False,
+    # Each decode step's token and log-prob from one pass over the [rows, vocab] logits
+    # (sampling.draw_one_pass: one variadic reduction instead of four reductions and a gather):
+    # the same tokens, log-probs equal up to float32 rounding. Saves HBM traffic on an
+    # accelerator; a CPU runs variadic reductions slower. Off by default so recorded runs replay.
+    one_pass_draw=False,
   )
 
   # negatives: "perturb" / "llm_rewrite" (made from the positive, the paper's design) or
@@ -374,7 +379,7 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       f"config.policy.pack_rows needs config.policy.loss.agg='token_mean' (got "
       f"{c.policy.loss.agg!r}): a packed batch has no per-response rows to average over"
     )
-  for key in ("grow_cache", "shared_prompt_decode"):
+  for key in ("grow_cache", "shared_prompt_decode", "one_pass_draw"):
     if not isinstance(c.rollout.get(key, False), bool):
       raise ValueError(f"config.rollout.{key} must be True or False, got {c.rollout[key]!r}")
   stop = c.train.get("stop_after", 0)

@@ -104,7 +104,7 @@ def _per_row(rng) -> bool:
   return jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and rng.ndim > 0
 
 
-def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
+def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int, one_pass: bool = False):
   if temperature == 0.0:
     tok_b = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
     return tok_b, _token_logprob(logits_bv, tok_b)
@@ -114,22 +114,59 @@ def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int):
   # float-level logit differences between mesh layouts flipped tokens (2 processes vs 1
   # diverged at step 3); a Gumbel argmax flips only on near-ties (BUILD.md, Performance).
   filtered_bv = _filter_logits(scaled_bv, top_p, top_k)
-  tok_b = _gumbel_max(rng, filtered_bv)
+  if one_pass:
+    return draw_one_pass(scaled_bv, _gumbel_noise(rng, filtered_bv) + filtered_bv)
+  tok_b = first_argmax(_gumbel_noise(rng, filtered_bv) + filtered_bv)
   return tok_b, _token_logprob(scaled_bv, tok_b)
 
 
-def _gumbel_max(rng, logits_bv):
-  """The token jax.random.categorical draws (argmax of logits plus Gumbel noise from the same
-  key), with the argmax as two plain reductions: XLA's CPU argmax, a variadic reduce, runs ~2.5x
-  slower with the noise fused into its input (SmolLM2's 49k vocabulary on an AVX2 EPYC: 15.5
-  vs 6.1 ms a draw at 16 rows, 98 vs 66 ms at 64). rng: one key, or one per row (a row's draw
-  then does not depend on where the row sits)."""
+def _gumbel_noise(rng, logits_bv):
+  """The noise jax.random.categorical adds to the logits from the same key; its token is the
+  argmax of logits + noise, here taken as two plain reductions (first_argmax): XLA's CPU argmax,
+  a variadic reduce, runs ~2.5x slower with the noise fused into its input (SmolLM2's 49k
+  vocabulary on an AVX2 EPYC: 15.5 vs 6.1 ms a draw at 16 rows, 98 vs 66 ms at 64). rng: one
+  key, or one per row (a row's draw then does not depend on where the row sits)."""
   v = logits_bv.shape[-1]
   if _per_row(rng):
-    noise_bv = jax.vmap(lambda k: jax.random.gumbel(k, (v,), logits_bv.dtype))(rng)
-  else:
-    noise_bv = jax.random.gumbel(rng, logits_bv.shape, logits_bv.dtype)
-  return first_argmax(noise_bv + logits_bv)
+    return jax.vmap(lambda k: jax.random.gumbel(k, (v,), logits_bv.dtype))(rng)
+  return jax.random.gumbel(rng, logits_bv.shape, logits_bv.dtype)
+
+
+def draw_one_pass(scaled_bv, score_bv):
+  """(first_argmax(score_bv), log_softmax(scaled_bv)[that token]) in one variadic reduction over
+  the vocabulary, instead of four passes over [b, v] (the argmax's max and min, logsumexp's max
+  and sum) and a gather (config rollout.one_pass_draw). Each element carries (score, index,
+  running max, running sum of exp(x - max), the winner's logit); two partial results combine by
+  keeping the higher score (the lower index on a tie; a NaN wins, the first NaN among NaNs, as
+  jnp.argmax) and rescaling the two sums to the larger max (an online logsumexp). Same token as
+  the two-pass draw; the log-prob equal up to float32 summation order. On a TPU it reads the
+  step's [b, v] logits once (paper.py on v5e:2x4: 0.23 GB less per decode step and chip); on a
+  CPU XLA runs variadic reductions slower (_gumbel_noise), so it is off by default."""
+  b, v = scaled_bv.shape
+  dt = scaled_bv.dtype
+  idx_bv = jax.lax.broadcasted_iota(jnp.int32, (b, v), 1)
+  neg = jnp.array(-jnp.inf, dt)
+  init = (neg, jnp.int32(v), neg, jnp.array(0, dt), jnp.array(0, dt))
+
+  def combine(a, c):
+    sa, ia, ma, za, pa = a
+    sc, ic, mc, zc, pc = c
+    na, nc = jnp.isnan(sa), jnp.isnan(sc)
+    a_wins = jnp.where(na | nc, na & (~nc | (ia < ic)), (sa > sc) | ((sa == sc) & (ia < ic)))
+    m = jnp.maximum(ma, mc)
+    # a part whose max is the max keeps its sum as is (also when both are -inf: no 0 * nan)
+    z = jnp.where(ma == m, za, za * jnp.exp(ma - m)) + jnp.where(mc == m, zc, zc * jnp.exp(mc - m))
+    return (
+      jnp.where(a_wins, sa, sc),
+      jnp.where(a_wins, ia, ic),
+      m,
+      z,
+      jnp.where(a_wins, pa, pc),
+    )
+
+  operands = (score_bv, idx_bv, scaled_bv, jnp.ones_like(scaled_bv), scaled_bv)
+  _, tok_b, m_b, z_b, picked_b = jax.lax.reduce(operands, init, combine, (1,))
+  return tok_b, picked_b - (m_b + jnp.log(z_b))
 
 
 def first_argmax(x_bv):
@@ -245,17 +282,18 @@ def decode_step(
   eos_ids: Sequence[int] = (),
   pad_id: int = 0,
   read_slots: int | None = None,
+  one_pass_draw: bool = False,
 ) -> DecodeState:
   """One step of the decode loop, the body of `sample`'s while_loop (see DecodeState): sample
   with jax.random.fold_in(rng, step), record, feed the token at position next_pos_b + step (its
   keys/values written into every layer's cache in place), next logits. params as
   transformer.split_layers makes them; the attention reads the first read_slots cache slots
-  (static; default all; they must cover the filled ones)."""
+  (static; default all; they must cover the filled ones). one_pass_draw: draw_one_pass."""
   i, logits_bv, done_b = state.step, state.logits_bv, state.done_b
   eos = jnp.asarray(eos_ids if eos_ids else [-1], jnp.int32)
   fold = jax.vmap(jax.random.fold_in, (0, None)) if _per_row(rng) else jax.random.fold_in
   step_rng = fold(rng, i)
-  tok_b, logp_b = _pick(logits_bv, step_rng, temperature, top_p, top_k)
+  tok_b, logp_b = _pick(logits_bv, step_rng, temperature, top_p, top_k, one_pass_draw)
   live_b = ~done_b
   out_tok = state.tokens.at[:, i].set(jnp.where(live_b, tok_b, pad_id))
   out_logp = state.logprobs.at[:, i].set(jnp.where(live_b, logp_b, 0.0))
@@ -285,6 +323,7 @@ def decode_step(
     "grow_cache",
     "weights_sharding",
     "shared_prompt",
+    "one_pass_draw",
   ),
 )
 def sample(
@@ -305,6 +344,7 @@ def sample(
   grow_cache: bool = True,
   weights_sharding: jax.sharding.Sharding | None = None,
   shared_prompt: bool = False,
+  one_pass_draw: bool = False,
 ) -> SampleOutput:
   """Samples max_new_tokens after left-padded prompts; deterministic for a given rng.
 
@@ -342,6 +382,9 @@ def sample(
   the params are (under fsdp XLA then gathers rows or weights at every decode step); a
   replicated sharding: every device holds the whole copy, gathered once per call, and each
   step runs on its own rows with no collective (config rollout.decode_weights; BUILD.md).
+
+  one_pass_draw (config rollout.one_pass_draw): each step's token and log-prob from one pass
+  over the logits (`draw_one_pass`); the same tokens, log-probs equal up to float32 rounding.
   """
   ends = segment_ends(max_new_tokens, cache_segments)
   state, next_pos_b = prefill(
@@ -374,6 +417,7 @@ def sample(
       eos_ids=eos_ids,
       pad_id=pad_id,
       read_slots=None if grow_cache else p + end,
+      one_pass_draw=one_pass_draw,
     )
     cond = lambda s, end=end: (s.step < end) & ~jnp.all(s.done_b)
     state = jax.lax.while_loop(cond, body, state)

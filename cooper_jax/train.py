@@ -188,6 +188,7 @@ class Run:
         grow_cache=c.rollout.grow_cache,
         weights_sharding=sharding.decode_weights(self.mesh, c.rollout.decode_weights),
         shared_prompt=config_lib.shared_prompt_decode(c),
+        one_pass_draw=c.rollout.one_pass_draw,
       )
       outs.append(out)
     tok, mask = np.repeat(tok_u, g, axis=0), np.repeat(mask_u, g, axis=0)

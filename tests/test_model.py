@@ -306,14 +306,58 @@ def test_draws_are_jax_random_categoricals(per_row):
   for seed in range(5):
     key = jax.random.key(seed)
     if per_row:
-      keys = jax.random.split(key, x.shape[0])
-      want = jax.vmap(jax.random.categorical)(keys, x)
-      got = sampling._gumbel_max(keys, x)  # pylint: disable=protected-access
+      key = jax.random.split(key, x.shape[0])
+      want = jax.vmap(jax.random.categorical)(key, x)
     else:
       want = jax.random.categorical(key, x)
-      got = sampling._gumbel_max(key, x)  # pylint: disable=protected-access
+    score = sampling._gumbel_noise(key, x) + x  # pylint: disable=protected-access
+    got = sampling.first_argmax(score)
+    one_pass, _ = sampling.draw_one_pass(x, score)  # rollout.one_pass_draw's token
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(one_pass), np.asarray(want))
     assert not np.any(np.asarray(got) % 7 == 0)
+
+
+def test_one_pass_draw_ties_nans_and_logprob():
+  """draw_one_pass: jnp.argmax's token (first maximum, first NaN) and the token's log-softmax
+  against float64, on rows with ties, -inf and NaN scores."""
+  score = np.array(
+    [[1.0, 3.0, 3.0, -np.inf], [-np.inf, -np.inf, 2.0, 2.0], [0.0, np.nan, 5.0, np.nan]],
+    np.float32,
+  )
+  x = np.array([[0.5, -1.0, 2.0, 30.0], [-4.0, 1.0, 0.0, 3.0], [7.0, -7.0, 0.25, 1.0]], np.float32)
+  tok, logp = sampling.draw_one_pass(jnp.asarray(x), jnp.asarray(score))
+  np.testing.assert_array_equal(np.asarray(tok), np.argmax(score, axis=-1))  # [1, 2, 1]
+  x64 = x.astype(np.float64)
+  want = x64[np.arange(3), [1, 2, 1]] - np.log(np.exp(x64).sum(1))
+  atol = 2 * UNIT_ROUNDOFF * (np.abs(x).max() + np.sqrt(x.shape[1]) + np.abs(want).max())
+  np.testing.assert_allclose(np.asarray(logp), want, rtol=0, atol=atol)
+  # 64 rows x 5000 entries (a tree of partial results, rescaled sums): same as the two-pass
+  rng = np.random.default_rng(2)
+  x = jnp.asarray((rng.standard_normal((64, 5000)) * 4).astype(np.float32))
+  score = x + jnp.asarray(rng.gumbel(size=(64, 5000)).astype(np.float32))
+  tok, logp = sampling.draw_one_pass(x, score)
+  np.testing.assert_array_equal(np.asarray(tok), np.asarray(sampling.first_argmax(score)))
+  want = sampling._token_logprob(x, tok)  # pylint: disable=protected-access
+  atol = 2 * UNIT_ROUNDOFF * (float(jnp.abs(x).max()) + np.sqrt(5000) + float(jnp.abs(want).max()))
+  np.testing.assert_allclose(np.asarray(logp), np.asarray(want), rtol=0, atol=2 * atol)
+
+
+@pytest.mark.parametrize("group_size,shared", [(1, False), (4, True)])
+def test_one_pass_draw_samples_what_the_two_pass_draw_samples(params, group_size, shared):
+  """sample(one_pass_draw=True) (config rollout.one_pass_draw): the same tokens and mask as the
+  default draw with the same key, log-probs equal up to float32 rounding (top-p filtering on,
+  EOS on, shared prompts and segments as paper.py decodes)."""
+  toks, mask = _left_pad(ROWS, 8)
+  kw = dict(cfg=TINY, max_new_tokens=12, temperature=0.7, top_p=0.95, pad_id=PAD, eos_ids=(3,))
+  kw.update(group_size=group_size, shared_prompt=shared, cache_segments=3, grow_cache=False)
+  two = sample(params, toks, mask, jax.random.key(12), **kw)
+  one = sample(params, toks, mask, jax.random.key(12), one_pass_draw=True, **kw)
+  np.testing.assert_array_equal(one.tokens, two.tokens)
+  np.testing.assert_array_equal(one.mask, two.mask)
+  g = group_size
+  atol = _logprob_atol(params, np.repeat(toks, g, 0), np.repeat(mask, g, 0), two)
+  np.testing.assert_allclose(one.logprobs, two.logprobs, atol=atol / 0.7)  # logits / T
 
 
 @pytest.mark.parametrize("decode_weights", ["sharded", "replicated"])

@@ -100,6 +100,8 @@ class DecodeStepResult:
   argument_gib: float | None = None  # XLA buffer assignment of the full-depth step, per device
   temp_gib: float | None = None
   peak_gib: float | None = None
+  shared_prompt: bool = False  # rollout.shared_prompt_decode (G > 1)
+  one_pass_draw: bool = False  # rollout.one_pass_draw
 
   def row(self) -> dict:
     return dataclasses.asdict(self)
@@ -204,6 +206,7 @@ def lower_decode_step(
   read_slots: int | None = None,
   weights_sharding=None,
   shared_prompt: bool = False,
+  one_pass_draw: bool = False,
 ):
   """(lowered sampling.decode_step, its abstract inputs): the carry donated and kept in its
   shardings, as the while_loop holds it; the attention reading the first read_slots cache
@@ -222,6 +225,7 @@ def lower_decode_step(
       eos_ids=eos_ids,
       pad_id=pad_id,
       read_slots=read_slots,
+      one_pass_draw=one_pass_draw,
     ),
     donate_argnums=1,
     out_shardings=jax.tree.map(lambda x: x.sharding, inputs[1]),  # the carry stays as it is
@@ -296,6 +300,7 @@ def compile_decode_step(
     pad_id=cfg.pad_id or 0,
     weights_sharding=sharding.decode_weights(mesh, weights),
     shared_prompt=shared_prompt_decode(c),
+    one_pass_draw=ro.one_pass_draw,
   )
   before = 0 if kw["shared_prompt"] else p_len  # cache slots ahead of the rows' own
   full = lower_decode_step(cfg, mesh, rows, p_len, n, **kw)[0].compile()
@@ -335,6 +340,8 @@ def compile_decode_step(
     cache_slots=p_len + n,
     n_layers=cfg.n_layers,
     decode_weights=weights,
+    shared_prompt=kw["shared_prompt"],
+    one_pass_draw=kw["one_pass_draw"],
     dtype=cfg.dtype,
     param_dtype=cfg.param_dtype,
     hbm_bw=bw,
@@ -376,8 +383,9 @@ def format_decode(r: DecodeStepResult) -> str:
     f"decode step of {r.config or 'the config'} on {r.topology}: {r.chips} chips "
     f"({r.device_kind}, {per} device(s) per chip), mesh {r.mesh}; {r.rows} rows x "
     f"{r.cache_slots} cache slots ({r.prompt_len} prompt + {r.new_tokens} new), {r.n_layers} "
-    f"layers, compute {r.dtype}, params {r.param_dtype}, decode weights {r.decode_weights}; "
-    f"chip HBM {r.hbm_bw / 1e9:.0f} GB/s, "
+    f"layers, compute {r.dtype}, params {r.param_dtype}, decode weights {r.decode_weights}"
+    f"{', shared prompts' if r.shared_prompt else ''}"
+    f"{', one-pass draw' if r.one_pass_draw else ''}; chip HBM {r.hbm_bw / 1e9:.0f} GB/s, "
     f"peak {r.peak_flops / 1e12:.0f} TFLOP/s",
     f"XLA bytes accessed per chip {r.xla_bytes / 1e9:.4g} GB (every layer counted: the step "
     f"runs its layers unrolled); memory: arguments {r.argument_gib or 0:.4g} GiB, temporaries {r.temp_gib or 0:.4g} GiB "

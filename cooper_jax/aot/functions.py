@@ -193,6 +193,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       grow_cache=ro.grow_cache,
       weights_sharding=sharding.decode_weights(mesh, ro.decode_weights),
       shared_prompt=shared_prompt_decode(c),
+      one_pass_draw=ro.one_pass_draw,
     )
   )
 
