@@ -114,9 +114,10 @@ def _pick(logits_bv, rng, temperature: float, top_p: float, top_k: int, one_pass
   # float-level logit differences between mesh layouts flipped tokens (2 processes vs 1
   # diverged at step 3); a Gumbel argmax flips only on near-ties (BUILD.md, Performance).
   filtered_bv = _filter_logits(scaled_bv, top_p, top_k)
+  score_bv = _gumbel_noise(rng, filtered_bv) + filtered_bv
   if one_pass:
-    return draw_one_pass(scaled_bv, _gumbel_noise(rng, filtered_bv) + filtered_bv)
-  tok_b = first_argmax(_gumbel_noise(rng, filtered_bv) + filtered_bv)
+    return draw_one_pass(scaled_bv, score_bv)
+  tok_b = first_argmax(score_bv)
   return tok_b, _token_logprob(scaled_bv, tok_b)
 
 

@@ -11,7 +11,13 @@ from cooper_jax import stats
 from cooper_jax.models.tolerance import float32_logit_atol
 from cooper_jax.models.transformer import forward
 from cooper_jax.prompts import cut_long_text
-from cooper_jax.rewards.judge import control_items, judge_control, judge_prompt, llm_judge
+from cooper_jax.rewards.judge import (
+  control_items,
+  describe_control,
+  judge_control,
+  judge_prompt,
+  llm_judge,
+)
 from cooper_jax.rewards.verify import RuleVerifier
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
@@ -165,6 +171,10 @@ def test_judge_control_oracle_chance_and_inverted():
   assert not inverted["discriminates"]  # significant, but the wrong way round
   none = judge_control(_fake_judge(lambda r, b: None), qs, REFS)  # every item undecided
   assert none["undecided_items"] == 2 * n and none["auc"] is None and not none["discriminates"]
+  assert describe_control(oracle).endswith(": the judge discriminates")
+  assert "AUC 0.500" in describe_control(flat) and "does not discriminate" in describe_control(flat)
+  assert describe_control(none).startswith("judge control: no decided item")
+  assert describe_control(None) == "judge control: not run"
 
 
 def test_pretrain_rm_heldout_metrics_undefined_is_none(tiny):

@@ -127,15 +127,10 @@ def format_stats(stats: dict) -> str:
   for ra in LABELS:
     row = a["confusion"][f"rule={ra}"]
     lines.append(f"  rule={ra:>2}: " + "  ".join(f"{row[f'judge={b}']:>5}" for b in LABELS))
-  c = stats.get("judge_control")
-  if c and c.get("auc") is not None:
-    lines.append(
-      f"judge control ({c['n_items'] // 2} questions, a right and a wrong clean solution each): "
-      f"AUC {c['auc']:.3f}, prefers right {c['prefers_right']} / wrong {c['prefers_wrong']} / "
-      f"ties {c['ties']} (sign test p {c['sign_test_p']:.3g}), yes on right "
-      f"{c['yes_rate_right']:.2f}, on wrong {c['yes_rate_wrong']:.2f}: "
-      + ("discriminates" if c["discriminates"] else "DOES NOT discriminate")
-    )
+  if stats.get("judge_control"):
+    from cooper_jax.rewards.judge import describe_control  # pylint: disable=import-outside-toplevel
+
+    lines.append(describe_control(stats["judge_control"]))
   for g, s in stats["per_generator"].items():
     lines.append(
       f"{g}: n {s['n']}, rule+ {fmt(s['rule_positive_rate'])}, judge+ "
@@ -151,7 +146,10 @@ def control_judge(data: str, n: int, judge_fn, seed: int = 0) -> dict:
   `data`, with a warning when the judge cannot tell a right answer from a wrong one.
   judge_fn: e.g. functools.partial(llm_judge, cfg, params, tokenizer)."""
   from cooper_jax.data import load_qa  # pylint: disable=import-outside-toplevel
-  from cooper_jax.rewards.judge import judge_control  # pylint: disable=import-outside-toplevel
+  from cooper_jax.rewards.judge import (  # pylint: disable=import-outside-toplevel
+    describe_control,
+    judge_control,
+  )
 
   t0 = time.perf_counter()
   rows, report = load_qa(data, limit=n)
@@ -161,16 +159,7 @@ def control_judge(data: str, n: int, judge_fn, seed: int = 0) -> dict:
   c.update(data=str(report.location), data_skipped_bad_rows=report.skipped)
   c["wall_s"] = time.perf_counter() - t0
   if not c["discriminates"]:
-    logger.warning(
-      "judge control: the judge does not tell a right final answer from a wrong one on clean "
-      "solutions (AUC %s, prefers right in %s and wrong in %s of %d questions, sign test p "
-      "%s): its labels are near chance, and so is what it adds to the kept set",
-      c.get("auc"),
-      c.get("prefers_right"),
-      c.get("prefers_wrong"),
-      c["n_items"] // 2,
-      c.get("sign_test_p"),
-    )
+    logger.warning("%s", describe_control(c))
   return c
 
 

@@ -285,24 +285,9 @@ def stage_evaluate(a, out: Path, name: str, source: list[str]) -> dict:
   return {"benchmarks": bench, "average": res["average"], "table": (out / "table.md").read_text()}
 
 
-def _control_lines(c) -> list[str]:
-  if not c or c.get("auc") is None:
-    return ["- judge control: not run"]
-  verdict = (
-    "the judge discriminates"
-    if c["discriminates"]
-    else "**the judge does not discriminate**: its labels are near chance, so the kept set is "
-    "the triples where a chance label happened to match the rule's"
-  )
-  return [
-    f"- judge control ({c['n_items'] // 2} questions, a right and a wrong clean solution each): "
-    f"AUC {c['auc']:.3f}; prefers the right one in {c['prefers_right']}, the wrong one in "
-    f"{c['prefers_wrong']}, ties {c['ties']} (sign test p {c['sign_test_p']:.3g}); says yes to "
-    f"{c['yes_rate_right']:.2f} of right, {c['yes_rate_wrong']:.2f} of wrong: {verdict}"
-  ]
-
-
 def format_report(a, recs: dict) -> str:
+  from cooper_jax.rewards.judge import describe_control  # pylint: disable=import-outside-toplevel
+
   ann, rm = recs["annotate"], recs["verifyrm"]
   lines = [f"# Paper pipeline, size {a.size}", "", "## 1. Hybrid annotation", ""]
   num = lambda x: "n/a" if x is None else f"{x:.3f}"
@@ -312,7 +297,7 @@ def format_report(a, recs: dict) -> str:
     f"correct, {ann['kept_negative']} wrong), dropped {ann['n_dropped']} (undecided: rule "
     f"{ann['rule_undecided']}, judge {ann['judge_undecided']})",
     f"- rule x judge confusion: {json.dumps(ann['confusion'])}",
-    *_control_lines(recs.get("judge_control")),
+    f"- {describe_control(recs.get('judge_control'))}",
     "",
     "## 2. VerifyRM (BCE on the kept triples)",
     "",

@@ -300,6 +300,27 @@ def judge_control(
   }
 
 
+def describe_control(c: dict | None) -> str:
+  """One line for judge_control's result, as the annotation stats, its warning and the
+  pipeline's report print it."""
+  if not c:
+    return "judge control: not run"
+  if c.get("auc") is None:
+    return f"judge control: no decided item ({c['n_questions']} questions, {c['skipped']} skipped)"
+  verdict = (
+    "the judge discriminates"
+    if c["discriminates"]
+    else "the judge does not discriminate: its labels are near chance, so the kept set is the "
+    "triples where a chance label happened to match the rule's"
+  )
+  return (
+    f"judge control ({c['n_items'] // 2} questions, a right and a wrong clean solution each): "
+    f"AUC {c['auc']:.3f}; prefers the right one in {c['prefers_right']}, the wrong one in "
+    f"{c['prefers_wrong']}, ties {c['ties']} (sign test p {c['sign_test_p']:.3g}); says yes to "
+    f"{c['yes_rate_right']:.2f} of right, {c['yes_rate_wrong']:.2f} of wrong: {verdict}"
+  )
+
+
 __all__ = [
   "JUDGE_INSTRUCTION",
   "judge_prompt",
@@ -308,4 +329,5 @@ __all__ = [
   "llm_judge",
   "control_items",
   "judge_control",
+  "describe_control",
 ]
