@@ -19,7 +19,7 @@ from cooper_jax.models import REMAT_CHOICES
 from cooper_jax.optim import SCHEDULES
 from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
-DECODE_WEIGHTS = ("sharded", "replicated")  # rollout / pairs.assistant_decode_weights
+DECODE_WEIGHTS = ("sharded", "replicated", "mlp_split")  # rollout / pairs.assistant_decode_weights
 
 
 def optim_config(lr: float, warmup_steps: int = 20) -> ml_collections.ConfigDict:
@@ -189,7 +189,9 @@ def base_config() -> ml_collections.ConfigDict:
     # The decode's weight copy: "sharded" as the params are (fsdp: at each decode step XLA
     # moves either the weights or the rows' activations between devices, its choice) or
     # "replicated" (gathered once per sampler call; each step needs no collective, costs the
-    # whole copy in the compute dtype per device; sampling.sample, BUILD.md).
+    # whole copy in the compute dtype per device; sampling.sample, BUILD.md) or "mlp_split"
+    # (the MLP's hidden columns split over every device, the rest as the params are; one
+    # [rows, d] all-reduce per layer: sharding.MLPSplit).
     decode_weights="sharded",
     # A prompt's keys/values held once for its G rows and read once per decode step, instead
     # of copied to each row (sampling.sample shared_prompt): the same distribution, values equal

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cooper_jax import sharding
 from cooper_jax.logprobs import logit_temperature
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import (
@@ -284,12 +285,15 @@ def decode_step(
   pad_id: int = 0,
   read_slots: int | None = None,
   one_pass_draw: bool = False,
+  mlp_columns=None,
 ) -> DecodeState:
   """One step of the decode loop, the body of `sample`'s while_loop (see DecodeState): sample
   with jax.random.fold_in(rng, step), record, feed the token at position next_pos_b + step (its
   keys/values written into every layer's cache in place), next logits. params as
   transformer.split_layers makes them; the attention reads the first read_slots cache slots
-  (static; default all; they must cover the filled ones). one_pass_draw: draw_one_pass."""
+  (static; default all; they must cover the filled ones). one_pass_draw: draw_one_pass.
+  mlp_columns: the MLPs' hidden-activation sharding in the decode layout mlp_split
+  (sharding.decode_mlp_columns), else None."""
   i, logits_bv, done_b = state.step, state.logits_bv, state.done_b
   eos = jnp.asarray(eos_ids if eos_ids else [-1], jnp.int32)
   fold = jax.vmap(jax.random.fold_in, (0, None)) if _per_row(rng) else jax.random.fold_in
@@ -301,7 +305,7 @@ def decode_step(
   out_mask = state.mask.at[:, i].set(live_b)
   done_b = done_b | jnp.isin(tok_b, eos)
   h_b1d, cache = decode_hidden(
-    cfg, params, tok_b[:, None], (next_pos_b + i)[:, None], state.cache, read_slots
+    cfg, params, tok_b[:, None], (next_pos_b + i)[:, None], state.cache, read_slots, mlp_columns
   )
   logits_bv = Transformer(cfg).apply(outer_variables(params), h_b1d, method=Transformer.logits)[
     :, 0
@@ -343,7 +347,7 @@ def sample(
   group_size: int = 1,
   cache_segments: int = CACHE_SEGMENTS,
   grow_cache: bool = True,
-  weights_sharding: jax.sharding.Sharding | None = None,
+  weights_sharding: jax.sharding.Sharding | sharding.MLPSplit | None = None,
   shared_prompt: bool = False,
   one_pass_draw: bool = False,
 ) -> SampleOutput:
@@ -382,7 +386,9 @@ def sample(
   weights_sharding: where the decode's per-call weight copy (compute dtype) lives. None: as
   the params are (under fsdp XLA then gathers rows or weights at every decode step); a
   replicated sharding: every device holds the whole copy, gathered once per call, and each
-  step runs on its own rows with no collective (config rollout.decode_weights; BUILD.md).
+  step runs on its own rows with no collective (config rollout.decode_weights; BUILD.md); a
+  sharding.MLPSplit: the MLP kernels split by their hidden columns over every device, the
+  rest as the params are (each step all-reduces one [rows, d] per layer).
 
   one_pass_draw (config rollout.one_pass_draw): each step's token and log-prob from one pass
   over the logits (`draw_one_pass`); the same tokens, log-probs equal up to float32 rounding.
@@ -401,8 +407,8 @@ def sample(
   )
   p = 0 if state.cache.prompt_k is not None else tokens_bp.shape[1]  # prompt slots in the cache
   split = split_layers(params, cfg.jnp_dtype)  # once per call, outside the loop
-  if weights_sharding is not None:
-    split = jax.lax.with_sharding_constraint(split, weights_sharding)
+  split = sharding.place_decode_weights(split, weights_sharding)
+  mlp_columns = sharding.decode_mlp_columns(weights_sharding, cfg.d_ff)
   for j, end in enumerate(ends):
     if grow_cache and j:
       state = state._replace(cache=_grow_cache(state.cache, end - ends[j - 1]))
@@ -419,6 +425,7 @@ def sample(
       pad_id=pad_id,
       read_slots=None if grow_cache else p + end,
       one_pass_draw=one_pass_draw,
+      mlp_columns=mlp_columns,
     )
     cond = lambda s, end=end: (s.step < end) & ~jnp.all(s.done_b)
     state = jax.lax.while_loop(cond, body, state)

@@ -7,6 +7,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -192,6 +193,130 @@ def test_replicated_decode_weights_read_the_whole_copy_without_collectives(tiny_
     texts[mode] = low.compile().as_text()
   assert "all-gather" in texts["sharded"] or "all-reduce" in texts["sharded"]
   assert "all-gather" not in texts["replicated"] and "all-reduce" not in texts["replicated"]
+
+
+_COLLECTIVES = (
+  # an instruction, or a TPU fusion that runs one (an all-reduce whose result is sliced)
+  re.compile(
+    r"= (\(?[^=]*?\)?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+    r"(?:-start)?\(.*?op_name=\"([^\"]*)\""
+  ),
+  re.compile(r"= (\S+) fusion\(.*?calls=%(all-reduce-scatter)[\w.]*,.*?op_name=\"([^\"]*)\""),
+)
+
+
+def _collectives(hlo: str) -> list[tuple[str, tuple[tuple[int, ...], ...], str]]:
+  """(kind, result shapes, op_name) of every collective in a compiled module's HLO text."""
+  out = []
+  for line in hlo.split("\n"):
+    for pattern in _COLLECTIVES:
+      m = pattern.search(line)
+      if m:
+        dims = re.findall(r"\w+\[([\d,]*)\]", m.group(1))
+        shapes = tuple(tuple(int(x) for x in d.split(",") if x) for d in dims)
+        out.append((m.group(2), shapes, m.group(3)))
+  return out
+
+
+@needs_libtpu
+def test_mlp_split_decode_moves_no_hidden_activations():
+  """rollout.decode_weights=mlp_split (sharding.MLPSplit) on 4 chips: the compiled step moves
+  no [rows, d_ff] array between chips, and its MLPs add one all-reduce of [rows, d] each
+  (the down projection's partial sums), where the params' own layout (fsdp over d)
+  all-reduces the gate and up projections' [rows, d_ff] partial sums at every layer. Its
+  floor is the same: the same bytes of weights per chip. (What it saves, on the 7B assistant:
+  BUILD.md; here the [16, 49152] logits outweigh the MLPs.)"""
+  from cooper_jax import aot, sharding
+  from cooper_jax.aot import decode
+  from cooper_jax.aot.models import model_config
+
+  c = _tiny_config()
+  mesh = sharding.make_mesh(**c.mesh, devices=aot.get_topology(TOPOLOGY).devices)
+  cfg = model_config(c.policy, "lm")
+  rows, d, ff = 16, cfg.d_model, cfg.d_ff
+  assert (mesh.shape["fsdp"], cfg.n_layers, ff) == (4, 2, 128) and d != ff
+  found = {}
+  for mode in ("sharded", "mlp_split"):
+    low, _ = decode.lower_decode_step(
+      cfg, mesh, rows, 256, 16, group_size=4, weights_sharding=sharding.decode_weights(mesh, mode)
+    )
+    found[mode] = _collectives(low.compile().as_text())
+  hidden = lambda cs: [c for c in cs if any(ff in s for s in c[1])]
+  assert hidden(found["sharded"]) and not hidden(found["mlp_split"])
+  # The down projection's partial sums, one reduction per layer, of at most [rows, d] (XLA
+  # fuses the all-reduce with the slice the next layer takes: a reduce-scatter).
+  down = [c for c in found["mlp_split"] if "mlp/down" in c[2]]
+  assert len(down) == cfg.n_layers
+  assert all(k in ("all-reduce", "all-reduce-scatter") for k, _, _ in down)
+  assert all(np.prod(s) <= rows * d for _, shapes, _ in down for s in shapes)
+  r = {
+    m: decode.compile_decode_step(
+      _tiny_config(f"rollout.decode_weights={m}"), TOPOLOGY, cache_segments=1
+    )
+    for m in ("sharded", "mlp_split")
+  }
+  assert r["mlp_split"].floor_bytes == r["sharded"].floor_bytes
+  assert r["mlp_split"].decode_weights == "mlp_split"
+
+
+def _weight_relayouts(hlo: str) -> list[str]:
+  """The copies in a compiled module's HLO text that relay out a weight (op_name params[...])."""
+  return [
+    line.strip()
+    for line in hlo.split("\n")
+    if re.search(r"= \S+ copy\(", line) and 'op_name="params[' in line
+  ]
+
+
+@needs_libtpu
+def test_decode_step_takes_its_weights_in_the_loops_layouts():
+  """In `sample` the weights are the decode loop's invariants, in layouts XLA picks for the
+  loop; a stored layout that differs is copied once per call, before the loop. The step
+  compiled alone gets the same freedom, so it copies no weight per step. In the default
+  (stored) layouts the tiny model's embedding shard, [49152, 16] with its 16-wide rows padded
+  to 128 in a TPU tile, comes in column-major and the step copied it for its gather every
+  step (on v5e:2x4 the 7B assistant's 0.27 GB of its 3.74 GB). The whole `sample` holds that
+  copy outside its decode loop."""
+  from cooper_jax import aot, sharding
+  from cooper_jax.aot import decode
+  from cooper_jax.aot.models import abstract_params, model_config
+
+  c = _tiny_config()
+  mesh = sharding.make_mesh(**c.mesh, devices=aot.get_topology(TOPOLOGY).devices)
+  cfg = model_config(c.policy, "lm")
+  ws = sharding.decode_weights(mesh, "sharded")
+  low, inputs = decode.lower_decode_step(cfg, mesh, 16, 256, 16, group_size=4, weights_sharding=ws)
+  assert _weight_relayouts(low.compile().as_text()) == []
+  # The same step with its weights pinned to the default layouts: the per-step copy is back.
+  step = jax.jit(
+    functools.partial(decode_step, cfg=cfg),
+    donate_argnums=1,
+    out_shardings=jax.tree.map(lambda x: x.sharding, inputs[1]),
+  )
+  pinned = step.lower(*inputs).compile().as_text()
+  assert any("embedding" in line for line in _weight_relayouts(pinned))
+  # ... and the whole sampler copies it once, in its entry computation, not in its loop.
+  u = jax.ShapeDtypeStruct((4, 256), np.int32, sharding=sharding.batch_sharding(mesh))
+  m = jax.ShapeDtypeStruct((4, 256), np.bool_, sharding=sharding.batch_sharding(mesh))
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=sharding.replicated(mesh))
+  whole = (
+    sample.lower(
+      abstract_params(cfg, mesh),
+      u,
+      m,
+      key,
+      cfg=cfg,
+      max_new_tokens=16,
+      group_size=4,
+      weights_sharding=ws,
+      cache_segments=1,
+    )
+    .compile()
+    .as_text()
+  )
+  entry = whole[whole.index("\nENTRY") :]
+  assert any("embedding" in line for line in _weight_relayouts(entry))
+  assert len(_weight_relayouts(whole)) == len(_weight_relayouts(entry))
 
 
 @needs_libtpu

@@ -15,7 +15,7 @@ from cooper_jax.models.tolerance import (
   float32_logprob_atol,
   score_scale,
 )
-from cooper_jax.models.transformer import attend, forward, init_params
+from cooper_jax.models.transformer import attend, forward, init_params, split_layers
 from cooper_jax.prompts import left_pad
 from cooper_jax.sampling import sample
 
@@ -360,8 +360,11 @@ def test_one_pass_draw_samples_what_the_two_pass_draw_samples(params, group_size
   np.testing.assert_allclose(one.logprobs, two.logprobs, atol=atol / 0.7)  # logits / T
 
 
-@pytest.mark.parametrize("decode_weights", ["sharded", "replicated"])
+@pytest.mark.parametrize("decode_weights", ["sharded", "replicated", "mlp_split"])
 def test_sampler_on_sharded_params_matches_single_device(params, decode_weights):
+  """Each decode layout (config rollout.decode_weights) on a (data 2, fsdp 2, tensor 2) mesh
+  draws the 1-device tokens, log-probs to float32 summation order. mlp_split splits the MLP
+  kernels' 96 hidden columns over all 8 devices (12 each)."""
   assert jax.device_count() >= 8, "conftest sets an 8-device CPU platform"
   toks, mask = _left_pad(ROWS + [[3, 4, 5]], 8)
   kw = dict(cfg=TINY, max_new_tokens=6, temperature=1.0, pad_id=PAD)
@@ -374,6 +377,12 @@ def test_sampler_on_sharded_params_matches_single_device(params, decode_weights)
   bs = sharding.batch_sharding(mesh)
   ws = sharding.decode_weights(mesh, decode_weights)
   assert (ws is None) == (decode_weights == "sharded")
+  if decode_weights == "mlp_split":
+    placed = ws.weight_shardings(split_layers(sp, TINY.jnp_dtype))["layers"][1]["mlp"]
+    all8 = ("data", "fsdp", "tensor")
+    assert placed["up"]["kernel"].spec == jax.sharding.PartitionSpec(None, all8)
+    assert placed["down"]["kernel"].spec == jax.sharding.PartitionSpec(all8, None)
+    assert ws.columns(TINY.d_ff).spec == jax.sharding.PartitionSpec(None, all8)
   out = sample(
     sp,
     jax.device_put(toks, bs),

@@ -173,7 +173,7 @@ def decode_weight_copy(params, dtype, weights_sharding=None):
   """transformer.split_layers(params, dtype) on ShapeDtypeStructs, as `sampling.sample` hands
   the weights to its decode steps: per layer, the shape and partition spec without the leading
   layer axis, every leaf in dtype, every leaf in `weights_sharding` if given (sample's,
-  rollout.decode_weights; None: as the params are)."""
+  rollout.decode_weights; None: as the params are; a sharding.MLPSplit: its MLP kernels)."""
   from jax.sharding import NamedSharding  # pylint: disable=import-outside-toplevel
   from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
 
@@ -186,6 +186,12 @@ def decode_weight_copy(params, dtype, weights_sharding=None):
   split = {**jax.tree.map(cast, params), "layers": (layer,) * n}
   if weights_sharding is None:
     return split
+  if isinstance(weights_sharding, sharding.MLPSplit):  # the MLP kernels by columns
+    return jax.tree.map(
+      lambda s, sh: s if sh is None else jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+      split,
+      weights_sharding.weight_shardings(split),
+    )
   return jax.tree.map(
     lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=weights_sharding), split
   )

@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from cooper_jax.models.config import ModelConfig, RopeScaling
 
@@ -283,14 +285,25 @@ class MLP(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_btd):
+  def __call__(self, x_btd, columns=None):
+    """columns: None, or the NamedSharding of the hidden activations [n, d_ff] in the decode
+    layout mlp_split (sharding.MLPSplit): the input whole on every device, each device's
+    columns, the output summed over the devices."""
     cfg = self.cfg
     dense = lambda feats, name: nn.Dense(
       feats, use_bias=False, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype, name=name
     )
     x_nd = _tokens_flat(x_btd)
+    whole = None if columns is None else NamedSharding(columns.mesh, P())
+    if whole is not None:
+      x_nd = jax.lax.with_sharding_constraint(x_nd, whole)
     h_nf = nn.silu(dense(cfg.d_ff, "gate")(x_nd)) * dense(cfg.d_ff, "up")(x_nd)
-    return dense(cfg.d_model, "down")(h_nf).reshape(x_btd.shape)
+    if whole is not None:
+      h_nf = jax.lax.with_sharding_constraint(h_nf, columns)
+    out_nd = dense(cfg.d_model, "down")(h_nf)
+    if whole is not None:
+      out_nd = jax.lax.with_sharding_constraint(out_nd, whole)
+    return out_nd.reshape(x_btd.shape)
 
 
 class Block(nn.Module):
@@ -317,6 +330,7 @@ class Block(nn.Module):
     cache_index=0,
     read_slots: int | None = None,
     prompt_kv=None,
+    mlp_columns=None,
   ):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.rms_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
@@ -326,7 +340,7 @@ class Block(nn.Module):
     def layer(x, *attn_args):
       h, kv = attn(attn_norm(x), *attn_args)
       x = x + h
-      return x + mlp(mlp_norm(x)), kv
+      return x + mlp(mlp_norm(x), mlp_columns), kv
 
     if not isinstance(x_btd, tuple):
       return layer(
@@ -473,13 +487,20 @@ def outer_variables(params):
 
 
 def decode_hidden(
-  cfg: ModelConfig, params, tokens_bt, positions_bt, cache: KVCache, read_slots: int | None = None
+  cfg: ModelConfig,
+  params,
+  tokens_bt,
+  positions_bt,
+  cache: KVCache,
+  read_slots: int | None = None,
+  mlp_columns=None,
 ):
   """Feeds real tokens [b, t] at cache slots [cache.length, cache.length + t): (final-norm hidden
   states [b, t, d], the cache with their keys/values written and length advanced). params as
   `split_layers` makes them; the layers run unrolled, each on its own cache buffers. The
   attention reads the first read_slots slots (static; default all): the caller's bound on the
-  filled part."""
+  filled part. mlp_columns: the MLPs' hidden-activation sharding in the decode layout
+  mlp_split (`MLP`; sharding.decode_mlp_columns), else None."""
   model = Transformer(cfg)
   outer = outer_variables(params)
   x_btd = model.apply(outer, tokens_bt, method=lambda m, t: m.embed(t))
@@ -498,6 +519,7 @@ def decode_hidden(
       cache.length,
       read_slots,
       (cache.prompt_k[i], cache.prompt_v[i], cache.prompt_mask) if shared else None,
+      mlp_columns,
     )
     ks.append(ck)
     vs.append(cv)
