@@ -1,5 +1,7 @@
 """The decoder and the compiled sampler on tiny random models (no weights needed)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -395,6 +397,44 @@ def test_sampler_on_sharded_params_matches_single_device(params, decode_weights)
   np.testing.assert_allclose(
     out.logprobs, ref.logprobs, atol=_logprob_atol(params, toks, mask, ref)
   )
+
+
+def test_mlp_split_assistant_is_stored_in_its_decode_layout(params):
+  """pairs.assistant_decode_weights=mlp_split: the frozen assistant's MLP kernels are stored
+  split by their hidden columns (sharding.decode_tree_shardings), everything else as
+  PARAM_RULES, so its sampler calls reshard no weight; it draws the 1-device tokens."""
+  toks, mask = _left_pad(ROWS + [[3, 4, 5]], 8)
+  kw = dict(cfg=TINY, max_new_tokens=6, temperature=1.0, pad_id=PAD)
+  ref = sample(params, toks, mask, jax.random.key(7), **kw)
+  mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+  P = jax.sharding.PartitionSpec
+  all8 = ("data", "fsdp", "tensor")
+  base = sharding.tree_shardings(params, mesh)
+  assert sharding.decode_tree_shardings(params, mesh, "sharded") == base
+  sh = sharding.decode_tree_shardings(params, mesh, "mlp_split")
+  mlp = sh["layers"]["mlp"]
+  assert (mlp["gate"]["kernel"].spec, mlp["up"]["kernel"].spec) == (P(None, None, all8),) * 2
+  assert mlp["down"]["kernel"].spec == P(None, all8, None)
+  assert sh["layers"]["attn"] == base["layers"]["attn"] and sh["embed"] == base["embed"]
+  placed = jax.device_put(params, sh)
+  bs = sharding.batch_sharding(mesh)
+  args = (placed, jax.device_put(toks, bs), jax.device_put(mask, bs), jax.random.key(7))
+  ws = sharding.decode_weights(mesh, "mlp_split")
+  out = sample(*args, weights_sharding=ws, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  # The compiled sampler moves no MLP kernel (d 48 x d_ff 96) between devices.
+  hlo = sample.lower(*args, weights_sharding=ws, **kw).compile().as_text()
+  moved = [
+    line
+    for line in hlo.split("\n")
+    if re.search(r"(all-gather|all-to-all|collective-permute)(-start)?\(", line)
+    and re.search(r"\[(48,96|96,48|2,48,96|2,96,48)\]", line)
+  ]
+  assert moved == []
+  # ... where the params in their training layout (fsdp over d) reshard it once per call.
+  sp = sharding.shard_tree(params, mesh)
+  hlo = sample.lower(sp, *args[1:], weights_sharding=ws, **kw).compile().as_text()
+  assert re.search(r"(all-gather|all-to-all|collective-permute)(-start)?\(", hlo)
 
 
 @pytest.mark.parametrize("prompts", [4, 2], ids=["prompts_split", "prompts_replicated"])

@@ -357,11 +357,12 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       )
     )
     if c.pairs.negatives == "llm_rewrite":
-      # reward_modes loads the assistant in pairs.assistant_dtype, sharded like the policy.
+      # reward_modes loads the assistant in pairs.assistant_dtype, sharded like the policy or,
+      # under pairs.assistant_decode_weights=mlp_split, in that layout.
       # It writes one rewrite per pending prompt, rows padded to a power of two; its prompt
       # holds the question and the positive, estimated as max_prompt_len + max_new_tokens.
       a_cfg = assistant_config(c)
-      a_params = abstract_params(a_cfg, mesh)
+      a_params = abstract_params(a_cfg, mesh, c.pairs.assistant_decode_weights)
       persistent["assistant_params"] = device_bytes(a_params)
       a_rows = max(1 << (c.rollout.prompts_per_step - 1).bit_length(), 1)
       a_rows = _round_up(a_rows, mesh.shape["data"] * mesh.shape["fsdp"])

@@ -145,8 +145,12 @@ def assistant_config(c) -> ModelConfig:
     raise ConfigError(f"assistant {c.pairs.assistant_model!r}: {e}") from e
 
 
-def abstract_params(cfg: ModelConfig, mesh) -> Any:
+def abstract_params(cfg: ModelConfig, mesh, decode_layout: str | None = None) -> Any:
+  """The params as ShapeDtypeStructs, sharded as train.py shards them; decode_layout: stored
+  in that decode layout's own (sharding.decode_tree_shardings: the llm_rewrite assistant)."""
   shapes = jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0))
+  if decode_layout is not None:
+    return _with_shardings(shapes, sharding.decode_tree_shardings(shapes, mesh, decode_layout))
   return _with_shardings(shapes, sharding.tree_shardings(shapes, mesh))
 
 

@@ -120,8 +120,11 @@ class LLMRewriteNegatives:
   def from_config(cls, c, mesh) -> LLMRewriteNegatives:
     """The config's assistant (pairs.assistant_*), loaded in its dtype and sharded over the
     run's mesh like the policy (a 7B model in float32 on one device does not fit an
-    accelerator); sampled as global arrays, each process its own rows."""
+    accelerator), or in its decode layout's own (pairs.assistant_decode_weights=mlp_split:
+    sharding.decode_tree_shardings); sampled as global arrays, each process its own rows."""
     import logging  # pylint: disable=import-outside-toplevel
+
+    import jax  # pylint: disable=import-outside-toplevel
 
     from cooper_jax import sharding  # pylint: disable=import-outside-toplevel
     from cooper_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
@@ -134,9 +137,12 @@ class LLMRewriteNegatives:
     logging.info(
       "assistant %s: %s, sharded over %s", p.assistant_model, p.assistant_dtype, mesh.shape
     )
+    placed = jax.device_put(
+      params, sharding.decode_tree_shardings(params, mesh, p.assistant_decode_weights)
+    )
     return cls(
       cfg,
-      sharding.shard_tree(params, mesh),
+      placed,
       load_tokenizer(p.assistant_model),
       temperature=p.assistant_temperature,
       max_new_tokens=p.assistant_max_new_tokens,
