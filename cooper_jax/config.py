@@ -244,6 +244,12 @@ def base_config() -> ml_collections.ConfigDict:
     # Save in a background thread (Orbax async): the next step starts while the arrays are
     # written; the manifest of a step is written once its save has finished.
     async_checkpoint=False,
+    # The RM update of a step (its pairs, the llm_rewrite assistant, rm_step) run in a worker
+    # thread while the next step's sampler runs, joined before that step verifies its rollouts
+    # (train.Run.finish_rm_update): the same computations in the same order of dependence, so
+    # the same numbers. A CPU's sampler leaves its second core idle. One process only (N
+    # processes run their collectives in one order); off by default.
+    overlap_rm_update=False,
     # Rollouts written to <workdir>/rollouts.jsonl per step (question, reference, response,
     # rule verdict, reward): the first N of the step's batch (the primary's rows); 0 = none.
     save_rollouts=8,
@@ -351,6 +357,10 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     section, field = key.split(".")
     if c[section][field] not in DECODE_WEIGHTS:
       raise ValueError(f"config.{key}={c[section][field]!r}: expected one of {DECODE_WEIGHTS}")
+  if not isinstance(c.train.get("overlap_rm_update", False), bool):
+    raise ValueError(
+      f"config.train.overlap_rm_update must be True or False, got {c.train.overlap_rm_update!r}"
+    )
   if not isinstance(c.policy.share_prompt, bool):
     raise ValueError(
       f"config.policy.share_prompt must be True or False, got {c.policy.share_prompt!r}"

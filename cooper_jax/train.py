@@ -23,6 +23,7 @@ import json
 import logging
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -110,6 +111,12 @@ class Run:
       packed=self.pack,
     )
     self._policy_step = None
+
+    # The RM update of step t in a worker thread while step t + 1 samples (train.overlap_rm_update;
+    # one process only): its metrics join step t's dict when it is joined (finish_rm_update).
+    overlap = c.train.get("overlap_rm_update", False) and dist.process_count() == 1
+    self._rm_pool = ThreadPoolExecutor(1, thread_name_prefix="rm_update") if overlap else None
+    self._rm_pending = None  # (future, the metrics dict of its step)
 
     self.verifier = RuleVerifier(c.verifier.workers or None)
     self.reward = reward if reward is not None else make_reward_mode(c, self.mesh, self.verifier)
@@ -272,6 +279,9 @@ class Run:
         f"process {dist.process_index()} holds rows {own.tolist()}, not whole groups"
       )
     out_tok, out_mask = dist.fetch_local_rows(out.tokens), dist.fetch_local_rows(out.mask)
+    # The last step's RM update ran while this step sampled; it ends before anything else uses
+    # the RM or the verifier.
+    self.finish_rm_update()
     resp_len = dist.gather_rows(own, out_mask.sum(1), n)
     w = _bucket(int(resp_len.max()), c.rollout.response_pad_multiple, c.rollout.max_new_tokens)
     if self.merge:  # distinct rows only, on every process alike
@@ -338,19 +348,38 @@ class Run:
     t_policy = time.perf_counter()
     if self.rm_lr is not None:
       m["rm_train/lr"] = float(self.rm_lr(int(self.reward.state["step"])))
-    m.update(self.reward.update(ro, step))
+    if self._rm_pool is None:
+      m.update(self._rm_update(ro, step))
+    else:  # joined once the next step has sampled (or by finish_rm_update)
+      self._rm_pending = (self._rm_pool.submit(self._rm_update, ro, step), m)
     t_end = time.perf_counter()
     m.update(
       {
         "time/sample_s": t_sample - t0,
         "time/verify_s": t_verify - t_sample,
         "time/policy_s": t_policy - t_verify,
-        "time/rm_s": t_end - t_policy,
         "time/step_s": t_end - t0,
       }
     )
     self.step += 1
     return m
+
+  def _rm_update(self, ro: Rollouts, step: int) -> dict:
+    t = time.perf_counter()
+    m = self.reward.update(ro, step)
+    return {**m, "time/rm_s": time.perf_counter() - t}
+
+  @property
+  def rm_update_pending(self) -> bool:
+    return self._rm_pending is not None
+
+  def finish_rm_update(self) -> None:
+    """Waits for the RM update running in the worker thread (train.overlap_rm_update), if
+    any, and adds its metrics to its step's dict; re-raises what it raised."""
+    if self._rm_pending is not None:
+      future, m = self._rm_pending
+      self._rm_pending = None
+      m.update(future.result())
 
   def _save_rollouts(self, ro: Rollouts, rewards: np.ndarray, step: int) -> None:
     """The first train.save_rollouts of this process's rollouts (the primary writes its own)."""
@@ -373,6 +402,7 @@ class Run:
   # ----------------------------------------------------------------------------- plumbing
   def evaluate(self) -> dict:
     c = self.c
+    self.finish_rm_update()
     m = self.reward.evaluate()
     if self.eval_rows is None:
       return m
@@ -398,6 +428,7 @@ class Run:
     return m
 
   def save(self):
+    self.finish_rm_update()
     meta = {
       "data_iterator": self.iterator.state_dict(),
       "config": json.loads(self.c.to_json_best_effort()),
@@ -409,6 +440,8 @@ class Run:
     logging.info("checkpoint step %d -> %s", self.step, path)
 
   def close(self):
+    if self._rm_pool is not None:
+      self._rm_pool.shutdown(wait=True)
     self.writer.close()
     self.rollout_log.close()
     self.verifier.close()
@@ -431,11 +464,10 @@ def train(c, workdir: str, reward=None) -> Run:
       disable=not dist.is_primary(),
     )
     recent = []  # this interval's step metrics, summarised at each evaluation
-    while run.step < total:
-      m = run.train_step()
-      if c.train.eval_every and run.step % c.train.eval_every == 0:
-        m.update(run.evaluate())
-      run.writer.write(run.step, m)
+
+    def log(step: int, m: dict) -> None:
+      nonlocal recent
+      run.writer.write(step, m)
       bar.update(1)
       bar.set_postfix(
         reward=f"{m['reward/mean']:.3f}", rule=f"{m['rule/acc']:.3f}", s=f"{m['time/step_s']:.1f}"
@@ -443,16 +475,35 @@ def train(c, workdir: str, reward=None) -> Run:
       recent.append(m)
       if "eval/acc" in m or "eval/rm_pair_acc" in m:
         if dist.is_primary():
-          bar.write(progress_line(run.step, recent))
+          bar.write(progress_line(step, recent))
         recent = []
+
+    waiting = None  # (step, metrics) whose RM update runs on (train.overlap_rm_update)
+    while run.step < total:
+      m = run.train_step()  # joins the last step's RM update once it has sampled
+      if waiting is not None:
+        log(*waiting)
+        waiting = None
+      evaluate = c.train.eval_every and run.step % c.train.eval_every == 0
       # A signal reaches one process (a preempted host) or all: every process stops after the
       # same step, so they all take part in the one final save.
       stop = dist.any_process(_STOP["requested"])
-      if run.step % c.train.checkpoint_every == 0 or run.step == total or stop:
+      save = run.step % c.train.checkpoint_every == 0 or run.step == total or stop
+      if evaluate:
+        m.update(run.evaluate())  # after the RM update
+      if evaluate or save or not run.rm_update_pending:
+        run.finish_rm_update()
+        log(run.step, m)
+      else:
+        waiting = (run.step, m)
+      if save:
         run.save()
       if stop:
         logging.warning("stopped by signal after step %d (checkpoint saved)", run.step)
         break
+    run.finish_rm_update()
+    if waiting is not None:
+      log(*waiting)
     bar.close()
   finally:
     signal.signal(signal.SIGTERM, prev)

@@ -168,6 +168,9 @@ def get_config(arg: str = "cooper"):
   c.train.max_to_keep = 1
   c.verifier.workers = 1
   c.train.save_rollouts = 16  # two groups per step
+  # A step's RM update (pairs, the assistant, rm_step) runs while the next step samples: on a
+  # 2-core CPU the sampler keeps one core busy. The same numbers (BUILD.md, "The small-task step").
+  c.train.overlap_rm_update = True
   for key, value in overrides.items():
     if key == RM_LR_RATIO:
       continue

@@ -285,6 +285,31 @@ def test_llm_rewrite_negatives_in_the_loop_with_the_shipped_assistant(tmp_path):
     assert r["pairs/negative_tries"] == r["pairs/n_valid"] + rejected
 
 
+def test_overlapped_rm_update_replays_the_sequential_run(tmp_path):
+  """train.overlap_rm_update (on in the small task's configs): each step's RM update (the
+  paper's llm_rewrite pairs, the assistant, rm_step) runs in a thread while the next step
+  samples. The run's metrics and final policy and RM equal the sequential run's bit for bit,
+  across evaluations (every 2 steps), a stop with its checkpoint after step 3 and a resume."""
+  kw = dict(steps=5)
+  rewrite = ("cooper_rewrite", "--config.train.eval_every=2")
+  seq = _small(tmp_path / "seq", *rewrite, "--config.train.overlap_rm_update=False", **kw)
+  over = tmp_path / "overlap"
+  _small(over, *rewrite, "--config.train.stop_after=3", **kw)
+  rows = _small(over, *rewrite, **kw)  # resumes after step 3
+  assert json.loads((over / "config.json").read_text())["train"]["overlap_rm_update"] is True
+  assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
+  assert sum(r.get("pairs/n_valid", 0) for r in rows) > 0  # the RM trained on rewrites
+  assert all("time/rm_s" in r for r in rows if r["step"] > 0)  # each step's update joined
+  drop = ("rollout/sampler_compiles", "policy/step_compiles")  # per process: 2 processes here
+  same = lambda rs: [{k: v for k, v in r.items() if k not in drop} for r in comparable(rs)]
+  assert same(seq) == same(rows)
+  (sa, pa), (sb, pb) = final_params(tmp_path / "seq"), final_params(over)
+  assert sa == sb == 5
+  import jax  # pylint: disable=import-outside-toplevel
+
+  jax.tree.map(np.testing.assert_array_equal, pa, pb)
+
+
 def test_cli_turns_on_the_compilation_cache_unless_one_is_set():
   import jax  # pylint: disable=import-outside-toplevel
 
