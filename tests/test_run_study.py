@@ -347,3 +347,15 @@ def test_pool_studies_pairs_arms_from_two_folders_by_seed(tmp_path):
   _heldout(b, "rule", 1, [1.0, 1.0], temperature=0.7)
   with pytest.raises(SystemExit, match="evaluations differ"):
     pool.main([*args, "--arm", f"frozen={a}:static_rm", "--arm", f"r={b}:rule"])
+
+
+def test_a_job_pinned_to_one_core_runs_its_rm_update_in_line(monkeypatch):
+  """The small task overlaps a step's RM update with the next step's sampler; a study job
+  pinned to one core (job_cores) turns that off: one core would only be shared."""
+  a = run_study.parse_args(["--experiment", "experiments/small_task_wide.py", "--out", "x"])
+  monkeypatch.delenv(run_study.PIN_ENV, raising=False)
+  assert run_study._config(a, "cooper_weak_rewrite", 0).train.overlap_rm_update is True
+  monkeypatch.setenv(run_study.PIN_ENV, "1")
+  assert run_study._config(a, "cooper_weak_rewrite", 0).train.overlap_rm_update is False
+  monkeypatch.setenv(run_study.PIN_ENV, "0,1")
+  assert run_study._config(a, "cooper_weak_rewrite", 0).train.overlap_rm_update is True
