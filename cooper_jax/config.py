@@ -248,7 +248,8 @@ def base_config() -> ml_collections.ConfigDict:
     # thread while the next step's sampler runs, joined before that step verifies its rollouts
     # (train.Run.finish_rm_update): the same computations in the same order of dependence, so
     # the same numbers. A CPU's sampler leaves its second core idle. One process only (N
-    # processes run their collectives in one order); off by default.
+    # processes run their collectives in one order); off by default. time/rm_s is then the
+    # update's own time, spent during the next step; time/step_s a step's wall time without it.
     overlap_rm_update=False,
     # Rollouts written to <workdir>/rollouts.jsonl per step (question, reference, response,
     # rule verdict, reward): the first N of the step's batch (the primary's rows); 0 = none.
