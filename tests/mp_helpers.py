@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # 4 prompts x G=4: every process holds whole groups and the RM pairs split over data=4.
 COMMON = ("--config.rollout.prompts_per_step=4", "--config.train.max_to_keep=10")
 # Long enough that a process starved of CPU (4 JAX processes and 2 pytest workers on CI's 2
-# cores) is not declared dead: at 10 s CI lost a 2-process test to an abort at step 1-2.
-HEARTBEAT_S = 30
+# cores) is not declared dead: at 10 s CI lost a 2-process test to an abort at step 1-2, and at
+# 30 s a clean-clone run lost test_gcs's 2-process run at step 1 (the other pytest worker then
+# ran small-task tests whose RM update overlaps their sampler: two busy threads).
+HEARTBEAT_S = 60
 
 
 def dist_flags(i, port, n_proc) -> list[str]:
