@@ -195,6 +195,13 @@ class MLPSplit:
 
     return jax.tree_util.tree_map_with_path(one, split)
 
+  def place(self, split, put):
+    """`split` with put(leaf, sharding) for each MLP kernel (weight_shardings), the other
+    leaves as they are."""
+    return jax.tree.map(
+      lambda x, sh: x if sh is None else put(x, sh), split, self.weight_shardings(split)
+    )
+
   def columns(self, d_ff: int) -> NamedSharding:
     """The MLP's hidden activations [n, d_ff], split as its kernels' columns are."""
     spec = _fit(P(None, self.axes), (1, d_ff), self.mesh, "mlp columns") if self.axes else P()
@@ -231,10 +238,7 @@ def place_decode_weights(split, layout: NamedSharding | MLPSplit | None):
   if layout is None:
     return split
   if isinstance(layout, MLPSplit):
-    shardings = layout.weight_shardings(split)
-    return jax.tree.map(
-      lambda x, sh: x if sh is None else jax.lax.with_sharding_constraint(x, sh), split, shardings
-    )
+    return layout.place(split, jax.lax.with_sharding_constraint)
   return jax.lax.with_sharding_constraint(split, layout)
 
 

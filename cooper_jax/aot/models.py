@@ -190,15 +190,10 @@ def decode_weight_copy(params, dtype, weights_sharding=None):
   split = {**jax.tree.map(cast, params), "layers": (layer,) * n}
   if weights_sharding is None:
     return split
+  put = lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh)
   if isinstance(weights_sharding, sharding.MLPSplit):  # the MLP kernels by columns
-    return jax.tree.map(
-      lambda s, sh: s if sh is None else jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-      split,
-      weights_sharding.weight_shardings(split),
-    )
-  return jax.tree.map(
-    lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=weights_sharding), split
-  )
+    return weights_sharding.place(split, put)
+  return jax.tree.map(lambda s: put(s, weights_sharding), split)
 
 
 def device_bytes(tree) -> int:
