@@ -23,6 +23,7 @@ from benchmarks import harness
 
 REPO = Path(__file__).resolve().parents[1]
 EMBEDDED = "smollm2-135m-instruct"
+SMOLLM2_CONFIG = "experiments/smollm2.py:cpu_smoke"  # the embedded model's run config
 
 
 # ----------------------------------------------------------------------------------- models
@@ -148,9 +149,11 @@ def matmul_section(report: harness.Report, peer_matmul: Callable, peak: Callable
 # -------------------------------------------------------------------------------- sampler
 class OurSampler:
   """cooper_jax `sample` compiled ahead of time for one shape (compile time measured on its
-  own), temperature 1.0 and no EOS, so every row makes exactly `new_tokens` tokens."""
+  own), temperature 1.0 and no EOS, so every row makes exactly `new_tokens` tokens; the draw of
+  the embedded model's run config (rollout.blocked_draw in experiments/smollm2.py)."""
 
   def __init__(self, cfg, params, tokens, mask, new_tokens: int, pad_id: int):
+    from benchmarks.iteration import run_config  # pylint: disable=import-outside-toplevel
     from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
 
     self.cfg, self.params, self.n = cfg, params, new_tokens
@@ -168,6 +171,7 @@ class OurSampler:
       top_k=0,
       eos_ids=(),
       pad_id=pad_id,
+      blocked_draw=run_config(SMOLLM2_CONFIG).rollout.blocked_draw,  # as its configs draw
     ).compile()
     self.compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()

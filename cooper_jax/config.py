@@ -202,6 +202,12 @@ def base_config() -> ml_collections.ConfigDict:
     # the same tokens, log-probs equal up to float32 rounding. Saves HBM traffic on an
     # accelerator; a CPU runs variadic reductions slower. Off by default so recorded runs replay.
     one_pass_draw=False,
+    # Each token drawn in two Gumbel-max draws, a block of 128 vocabulary entries by its mass,
+    # then a token within it (sampling.draw_blocked): the same distribution from noise for
+    # v / 128 + 128 entries a row instead of v, other tokens than the default draw's for a key.
+    # On a CPU the whole vocabulary's noise is the costliest part of a large-vocabulary draw.
+    # Not with one_pass_draw. Off by default so recorded runs replay.
+    blocked_draw=False,
   )
 
   # negatives: "perturb" / "llm_rewrite" (made from the positive, the paper's design) or
@@ -392,9 +398,14 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       f"config.policy.pack_rows needs config.policy.loss.agg='token_mean' (got "
       f"{c.policy.loss.agg!r}): a packed batch has no per-response rows to average over"
     )
-  for key in ("grow_cache", "shared_prompt_decode", "one_pass_draw"):
+  for key in ("grow_cache", "shared_prompt_decode", "one_pass_draw", "blocked_draw"):
     if not isinstance(c.rollout.get(key, False), bool):
       raise ValueError(f"config.rollout.{key} must be True or False, got {c.rollout[key]!r}")
+  if c.rollout.get("one_pass_draw", False) and c.rollout.get("blocked_draw", False):
+    raise ValueError(
+      "config.rollout.one_pass_draw and config.rollout.blocked_draw are two different draws: "
+      "set at most one"
+    )
   stop = c.train.get("stop_after", 0)
   if not isinstance(stop, int) or isinstance(stop, bool) or not 0 <= stop <= c.train.steps:
     raise ValueError(

@@ -17,6 +17,9 @@ from cooper_jax.config import base_config
 def get_config(arg: str = "cooper"):
   c = base_config()
   variant = arg or "cooper"
+  # A token in two Gumbel-max draws (a block of the 49k vocabulary, then a token in it): the
+  # same distribution from a fraction of the noise (sampling.draw_blocked; BUILD.md).
+  c.rollout.blocked_draw = True
   if variant in ("rule", "static_rm", "cooper"):
     c.reward_mode = variant
     c.rollout.prompts_per_step = 32  # x G=16 = 512 rollouts per step

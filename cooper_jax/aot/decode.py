@@ -103,6 +103,7 @@ class DecodeStepResult:
   peak_gib: float | None = None
   shared_prompt: bool = False  # rollout.shared_prompt_decode (G > 1)
   one_pass_draw: bool = False  # rollout.one_pass_draw
+  blocked_draw: bool = False  # rollout.blocked_draw
 
   def row(self) -> dict:
     return dataclasses.asdict(self)
@@ -208,6 +209,7 @@ def lower_decode_step(
   weights_sharding=None,
   shared_prompt: bool = False,
   one_pass_draw: bool = False,
+  blocked_draw: bool = False,
 ):
   """(lowered sampling.decode_step, its abstract inputs): the carry donated and kept in its
   shardings, as the while_loop holds it; the attention reading the first read_slots cache
@@ -231,6 +233,7 @@ def lower_decode_step(
       pad_id=pad_id,
       read_slots=read_slots,
       one_pass_draw=one_pass_draw,
+      blocked_draw=blocked_draw,
       mlp_columns=sharding.decode_mlp_columns(weights_sharding, cfg.d_ff),
     ),
     donate_argnums=1,
@@ -311,6 +314,7 @@ def compile_decode_step(
     weights_sharding=sharding.decode_weights(mesh, weights),
     shared_prompt=shared_prompt_decode(c),
     one_pass_draw=ro.one_pass_draw,
+    blocked_draw=ro.get("blocked_draw", False),
   )
   before = 0 if kw["shared_prompt"] else p_len  # cache slots ahead of the rows' own
   full = lower_decode_step(cfg, mesh, rows, p_len, n, **kw)[0].compile()
@@ -352,6 +356,7 @@ def compile_decode_step(
     decode_weights=weights,
     shared_prompt=kw["shared_prompt"],
     one_pass_draw=kw["one_pass_draw"],
+    blocked_draw=kw["blocked_draw"],
     dtype=cfg.dtype,
     param_dtype=cfg.param_dtype,
     hbm_bw=bw,
@@ -395,7 +400,8 @@ def format_decode(r: DecodeStepResult) -> str:
     f"{r.cache_slots} cache slots ({r.prompt_len} prompt + {r.new_tokens} new), {r.n_layers} "
     f"layers, compute {r.dtype}, params {r.param_dtype}, decode weights {r.decode_weights}"
     f"{', shared prompts' if r.shared_prompt else ''}"
-    f"{', one-pass draw' if r.one_pass_draw else ''}; chip HBM {r.hbm_bw / 1e9:.0f} GB/s, "
+    f"{', one-pass draw' if r.one_pass_draw else ''}"
+    f"{', blocked draw' if r.blocked_draw else ''}; chip HBM {r.hbm_bw / 1e9:.0f} GB/s, "
     f"peak {r.peak_flops / 1e12:.0f} TFLOP/s",
     f"XLA bytes accessed per chip {r.xla_bytes / 1e9:.4g} GB (every layer counted: the step "
     f"runs its layers unrolled); memory: arguments {r.argument_gib or 0:.4g} GiB, temporaries {r.temp_gib or 0:.4g} GiB "
