@@ -342,8 +342,8 @@ def decode_step(
   keys/values written into every layer's cache in place), next logits. params as
   transformer.split_layers makes them; the attention reads the first read_slots cache slots
   (static; default all; they must cover the filled ones). one_pass_draw: draw_one_pass;
-  blocked_draw: draw_blocked (not both). mlp_columns: the MLPs' hidden-activation sharding in the decode layout mlp_split
-  (sharding.decode_mlp_columns), else None."""
+  blocked_draw: draw_blocked (not both). mlp_columns: the MLPs' hidden-activation sharding in
+  the decode layout mlp_split (sharding.decode_mlp_columns), else None."""
   i, logits_bv, done_b = state.step, state.logits_bv, state.done_b
   eos = jnp.asarray(eos_ids if eos_ids else [-1], jnp.int32)
   fold = jax.vmap(jax.random.fold_in, (0, None)) if _per_row(rng) else jax.random.fold_in
