@@ -14,6 +14,7 @@ from pathlib import Path
 from benchmarks import harness
 
 REPO = Path(__file__).resolve().parents[1]
+SMOLLM2_CONFIG = "experiments/smollm2.py:cpu_smoke"  # the embedded model's run config
 
 
 def run_config(spec: str, overrides=()):

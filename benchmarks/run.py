@@ -164,13 +164,13 @@ def sizes(args) -> dict:
       # iteration.easy_arithmetic)
       iteration=("experiments/tiny.py", ("rollout.max_new_tokens=8",), 1, False)
       if q
-      else ("experiments/smollm2.py:cpu_smoke", (), 2, True),
+      else (iteration.SMOLLM2_CONFIG, (), 2, True),
       # (spec, overrides, warm-up steps); GSM8K prompts, not the easy sums: rule-only needs no
       # RM update, and 64 new tokens of a GSM8K answer mostly run to the cap on both sides, so
       # both sides generate about the same number of tokens per step.
       trl_iteration=("experiments/tiny.py", ("rollout.max_new_tokens=8",), 1)
       if q
-      else ("experiments/smollm2.py:cpu_smoke", (), 2),
+      else (iteration.SMOLLM2_CONFIG, (), 2),
     )
     s["tunix_iteration"] = s["trl_iteration"]  # the same iterations, against tunix
   if args.batches:

@@ -23,7 +23,6 @@ from benchmarks import harness
 
 REPO = Path(__file__).resolve().parents[1]
 EMBEDDED = "smollm2-135m-instruct"
-SMOLLM2_CONFIG = "experiments/smollm2.py:cpu_smoke"  # the embedded model's run config
 
 
 # ----------------------------------------------------------------------------------- models
@@ -153,7 +152,10 @@ class OurSampler:
   the embedded model's run config (rollout.blocked_draw in experiments/smollm2.py)."""
 
   def __init__(self, cfg, params, tokens, mask, new_tokens: int, pad_id: int):
-    from benchmarks.iteration import run_config  # pylint: disable=import-outside-toplevel
+    from benchmarks.iteration import (  # pylint: disable=import-outside-toplevel
+      SMOLLM2_CONFIG,
+      run_config,
+    )
     from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
 
     self.cfg, self.params, self.n = cfg, params, new_tokens

@@ -196,7 +196,7 @@ class Run:
         weights_sharding=sharding.decode_weights(self.mesh, c.rollout.decode_weights),
         shared_prompt=config_lib.shared_prompt_decode(c),
         one_pass_draw=c.rollout.one_pass_draw,
-        blocked_draw=c.rollout.get("blocked_draw", False),
+        blocked_draw=c.rollout.blocked_draw,
       )
       outs.append(out)
     tok, mask = np.repeat(tok_u, g, axis=0), np.repeat(mask_u, g, axis=0)

@@ -314,7 +314,7 @@ def compile_decode_step(
     weights_sharding=sharding.decode_weights(mesh, weights),
     shared_prompt=shared_prompt_decode(c),
     one_pass_draw=ro.one_pass_draw,
-    blocked_draw=ro.get("blocked_draw", False),
+    blocked_draw=ro.blocked_draw,
   )
   before = 0 if kw["shared_prompt"] else p_len  # cache slots ahead of the rows' own
   full = lower_decode_step(cfg, mesh, rows, p_len, n, **kw)[0].compile()

@@ -194,7 +194,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       weights_sharding=sharding.decode_weights(mesh, ro.decode_weights),
       shared_prompt=shared_prompt_decode(c),
       one_pass_draw=ro.one_pass_draw,
-      blocked_draw=ro.get("blocked_draw", False),
+      blocked_draw=ro.blocked_draw,
     )
   )
 
