@@ -80,7 +80,8 @@ def grpo_advantages(
 
   A_i = (r_i - mean_g) / (std_g + eps), std with ddof=1 (torch.std default, as the code).
   scale_by_std=False gives Dr.GRPO: A_i = r_i - mean_g.
-  A group whose rewards are all equal gets A = 0 (0 / eps); it carries no gradient.
+  A group whose rewards are all equal (max == min) gets A = 0 exactly, whatever G and the
+  float rounding of its mean; it carries no gradient.
   Group of size 1: advantage 0 by definition (no baseline to compare to).  NOTE verl
   instead uses mean=0, std=1 there (A = r); we deliberately avoid that reward leak, and
   ddof=1 would otherwise give 0/0 = NaN.
@@ -97,6 +98,10 @@ def grpo_advantages(
   if scale_by_std:
     std_n1 = jnp.std(r_ng, axis=1, keepdims=True, ddof=1 if unbiased_std else 0)
     centred_ng = centred_ng / (std_n1 + eps)
+  # The float32 mean of G equal values can be one ulp off them: the std is then ~1e-7 and
+  # delta / (std + eps) reaches |A| ~0.1-0.2. Equality is tested on the rewards themselves.
+  flat_n1 = jnp.max(r_ng, axis=1, keepdims=True) == jnp.min(r_ng, axis=1, keepdims=True)
+  centred_ng = jnp.where(flat_n1, 0.0, centred_ng)
   return jax.lax.stop_gradient(centred_ng.reshape(b))
 
 
