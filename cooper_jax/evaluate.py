@@ -1,7 +1,17 @@
 """Held-out math evaluation: pass@1 averaged over k samples, with bootstrap CIs (Table 3 shape).
 
 Library: `evaluate_model` (also called by training for periodic evaluation), `format_table`,
-`write_outputs`. CLI: `python -m cooper_jax.evaluate --model ... --out DIR`.
+`write_outputs`. CLI:
+
+  python -m cooper_jax.evaluate --checkpoint runs/x [--step 25] [--benchmarks ...] [--limit N]
+  python -m cooper_jax.evaluate --checkpoint runs/x/checkpoints/25      (a step folder)
+  python -m cooper_jax.evaluate --model smollm2-135m-instruct --limit 30
+  python -m cooper_jax.evaluate --checkpoint runs/x --preset paper      (on an accelerator)
+
+--preset quick (the default) is sized for a CPU: 1 greedy sample x 256 new tokens, batches of
+16 rollouts. --preset paper is the paper's Table 3 setting: 8 samples at temperature 0.7,
+top-p 0.95, 1024 new tokens, batches of 64. A flag given explicitly overrides its preset value.
+--out defaults to <run>/eval/step_<N> for a checkpoint, eval/<model> for a model.
 
 Every benchmark's rollouts (question x sample) run through one AOT-compiled `sample` of a fixed
 shape [batch_size, prompt_width]: prompts are left-padded to the benchmark's longest prompt
@@ -14,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +36,7 @@ from tqdm.auto import tqdm
 
 from cooper_jax import distributed as dist
 from cooper_jax import sharding
-from cooper_jax.checkpoint import load_policy_for_eval
+from cooper_jax.checkpoint import CheckpointStore, load_policy_for_eval
 from cooper_jax.data import load_qa
 from cooper_jax.io import atomic_write, atomic_write_json
 from cooper_jax.prompts import INSTRUCTION_SUFFIX, build_prompts, padded_batches
@@ -35,11 +47,56 @@ from cooper_jax.stats import bootstrap_ci, bootstrap_ci_average
 from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import load_pretrained
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cooper_jax.evaluate")  # also under `python -m` (__main__)
 
 # Table 3 of the paper: GSM8K, SVAMP, MATH500, OlympiadBench-EN, Math Odyssey.
 DEFAULT_BENCHMARKS = "gsm8k/test,svamp/test,math500/test,olympiadbench/test,odyssey_math/test"
 _COMPILED: dict = {}  # AOT executables, reused across evaluate_model calls (periodic eval)
+
+# The CLI's flag sets. "quick" finishes in minutes on the CPU models (with --limit on the large
+# benchmarks); "paper" is Table 3's setting (8 samples x 1024 tokens, for accelerators).
+PRESETS = {
+  "quick": dict(samples=1, temperature=0.0, top_p=1.0, max_new_tokens=256, batch_size=16),
+  "paper": dict(samples=8, temperature=0.7, top_p=0.95, max_new_tokens=1024, batch_size=64),
+}
+
+
+class Progress:
+  """Rollouts sampled so far, updated once per sampler call (one compiled while_loop, so no
+  finer unit exists without a host callback inside the decode loop). A tqdm bar on a terminal;
+  otherwise (nohup, a pipe, a log file) one plain log line per call, no carriage returns."""
+
+  def __init__(self, name: str, total: int, stream=None):
+    self.name, self.total, self.done, self.tokens = name, total, 0, 0
+    self.t0 = time.perf_counter()
+    stream = sys.stderr if stream is None else stream
+    self.bar = None
+    if getattr(stream, "isatty", lambda: False)():
+      self.bar = tqdm(total=total, desc=f"sample {name}", unit="rollout", file=stream)
+
+  def update(self, rollouts: int, new_tokens: int, sample_s: float) -> None:
+    self.done += rollouts
+    self.tokens += new_tokens
+    rate = self.tokens / sample_s if sample_s > 0 else 0.0
+    if self.bar is not None:
+      self.bar.set_postfix_str(f"{rate:.0f} new tok/s", refresh=False)
+      self.bar.update(rollouts)
+      return
+    elapsed = time.perf_counter() - self.t0
+    eta = sample_s / self.done * (self.total - self.done)  # compile time excluded
+    logger.info(
+      "sample %s: %d/%d rollouts, %.0f new tok/s, %.0f s elapsed, ~%.0f s left",
+      self.name,
+      self.done,
+      self.total,
+      rate,
+      elapsed,
+      eta,
+    )
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
 
 
 # ---------------------------------------------------------------------------------- sampling
@@ -51,9 +108,13 @@ def _compiled_sampler(cfg, params, tokens, mask, rng, **static):
   key = (cfg, tokens.shape, tuple(sorted(static.items())), leaves)
   if key in _COMPILED:
     return _COMPILED[key], 0.0
+  logger.info(
+    "compiling the sampler for batch %s x %d new tokens", tokens.shape, static["max_new_tokens"]
+  )
   t0 = time.perf_counter()
   fn = sample.lower(params, tokens, mask, rng, cfg=cfg, **static).compile()
   dt = time.perf_counter() - t0
+  logger.info("compiled in %.1f s", dt)
   if len(_COMPILED) >= 8:
     _COMPILED.clear()
   _COMPILED[key] = fn
@@ -96,7 +157,7 @@ def _eval_benchmark(
   toks_all = np.zeros((n_roll, max_new_tokens), np.int32)
   mask_all = np.zeros((n_roll, max_new_tokens), bool)
   compile_s = sample_s = 0.0
-  bar = tqdm(total=n_roll, desc=f"sample {name}", unit="rollout", dynamic_ncols=True)
+  bar = Progress(name, n_roll)
   for bi, idx, real in padded_batches(order, batch_size):
     start = bi * batch_size
     if mesh is None:
@@ -112,7 +173,7 @@ def _eval_benchmark(
     toks, m = dist.fetch(out.tokens), dist.fetch(out.mask)
     sample_s += time.perf_counter() - t0
     toks_all[start : start + real], mask_all[start : start + real] = toks[:real], m[:real]
-    bar.update(real)
+    bar.update(real, int(m[:real].sum()), sample_s)
   bar.close()
 
   completions = [tokenizer.decode(toks_all[i][mask_all[i]].tolist()) for i in range(n_roll)]
@@ -322,17 +383,60 @@ def write_outputs(results: dict, out_dir, label: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------- CLI
+def resolve_checkpoint(checkpoint: str, step: int | None = None) -> tuple[Path, Path, int]:
+  """(run folder, checkpoints folder, step) of `--checkpoint` (a run folder, its checkpoints/
+  folder or one step folder such as runs/x/checkpoints/25) and `--step` (default: the newest)."""
+  path = Path(checkpoint)
+  if not path.is_dir():
+    raise FileNotFoundError(f"--checkpoint {checkpoint}: no such directory")
+  if path.name.isdigit() and not (path / "checkpoints").is_dir():  # a step folder
+    if step is not None and step != int(path.name):
+      raise ValueError(f"--checkpoint {checkpoint} is step {path.name} but --step is {step}")
+    step, path = int(path.name), path.parent
+  ckpt_dir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+  run_dir = ckpt_dir.parent if ckpt_dir.name == "checkpoints" else ckpt_dir
+  store = CheckpointStore(ckpt_dir)
+  try:
+    steps = store.steps()
+  finally:
+    store.close()
+  if not steps:
+    raise FileNotFoundError(f"--checkpoint {checkpoint}: no checkpoint steps in {ckpt_dir}")
+  if step is None:
+    step = steps[-1]
+  elif step not in steps:
+    raise ValueError(f"--step {step}: {ckpt_dir} holds steps {steps}")
+  return run_dir, ckpt_dir, step
+
+
+def default_out(model: str | None, checkpoint: str | None, step: int | None = None) -> Path:
+  """Where the CLI writes without --out: <run>/eval/step_<N> for a checkpoint (step resolved
+  as --step / a step folder / the newest), else eval/<model, path separators as _>."""
+  if checkpoint is not None:
+    run_dir, _, step = resolve_checkpoint(checkpoint, step)
+    return run_dir / "eval" / f"step_{step}"
+  return Path("eval") / re.sub(r"[^A-Za-z0-9_.-]+", "_", str(model).strip("./")).strip("_")
+
+
 def load_eval_model(
-  model: str | None, checkpoint: str | None, tokenizer_source: str | None, dtype: str | None = None
+  model: str | None,
+  checkpoint: str | None,
+  tokenizer_source: str | None,
+  dtype: str | None = None,
+  step: int | None = None,
 ):
-  """(cfg, params, tokenizer) from a `load_pretrained` source or a cooper_jax training run."""
+  """(cfg, params, tokenizer) from a `load_pretrained` source or a cooper_jax training run (its
+  folder, checkpoints/ folder or a step folder; `step`: that step, default the newest)."""
   overrides = {"dtype": dtype, "param_dtype": dtype} if dtype else {}
   if (model is None) == (checkpoint is None):
     raise ValueError("give exactly one of --model or --checkpoint")
   if model is not None:
+    if step is not None:
+      raise ValueError("--step selects a checkpoint step: it needs --checkpoint, not --model")
     cfg, params = load_pretrained(model, **overrides)
     return cfg, params, load_tokenizer(tokenizer_source or model)
-  cfg, params, tok_src = load_policy_for_eval(checkpoint)
+  _, ckpt_dir, step = resolve_checkpoint(checkpoint, step)
+  cfg, params, tok_src = load_policy_for_eval(ckpt_dir, step)
   if overrides:
     cfg = cfg.replace(**overrides)
   return cfg, params, load_tokenizer(tokenizer_source or tok_src)
@@ -362,12 +466,21 @@ def main(argv=None) -> dict:
     help="comma-separated registry names, local files, or datasets as NAME:SPLIT / "
     "NAME:SUBSET:SPLIT (a hub name or a local datasets folder)",
   )
+  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
   p.add_argument("--limit", type=int, default=None, help="first N problems per benchmark")
-  p.add_argument("--samples", type=int, default=8)
-  p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-  p.add_argument("--top_p", type=float, default=0.95)
-  p.add_argument("--max_new_tokens", type=int, default=1024)
-  p.add_argument("--batch_size", type=int, default=64)
+  p.add_argument(
+    "--preset",
+    choices=sorted(PRESETS),
+    default="quick",
+    help="flag set: quick (default; CPU-sized: 1 greedy sample x 256 tokens, batch 16) or "
+    "paper (Table 3: 8 samples, T 0.7, top-p 0.95, 1024 tokens, batch 64); flags override it",
+  )
+  # None = the preset's value (PRESETS)
+  p.add_argument("--samples", type=int, default=None, help="samples per problem")
+  p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+  p.add_argument("--top_p", type=float, default=None)
+  p.add_argument("--max_new_tokens", type=int, default=None)
+  p.add_argument("--batch_size", type=int, default=None, help="rollouts per sampler call")
   p.add_argument("--pad_multiple", type=int, default=64)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--suffix", default=INSTRUCTION_SUFFIX, help="appended to each question")
@@ -376,9 +489,36 @@ def main(argv=None) -> dict:
   p.add_argument("--workers", type=int, default=None, help="verifier processes")
   p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
   p.add_argument("--label", default=None, help="row label in table.md")
-  p.add_argument("--out", required=True)
+  p.add_argument(
+    "--out", default=None, help="output folder (default: <run>/eval/step_<N>, or eval/<model>)"
+  )
   a = p.parse_args(argv)
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+  for k, v in PRESETS[a.preset].items():
+    if getattr(a, k) is None:
+      setattr(a, k, v)
+  if a.model is not None and a.step is not None:
+    p.error("--step selects a checkpoint step: it needs --checkpoint, not --model")
+  # force: an import (absl, via orbax) has already put a handler on the root logger, which
+  # would otherwise keep this one out and every INFO line (progress included) unseen; INFO
+  # from cooper_jax only (Orbax logs ~40 INFO lines per checkpoint read)
+  logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", force=True)
+  logging.getLogger("cooper_jax").setLevel(logging.INFO)
+  step = None  # resolved first: a wrong --checkpoint / --step fails before anything loads
+  if a.checkpoint is not None:
+    run_dir, _, step = resolve_checkpoint(a.checkpoint, a.step)
+    out = Path(a.out) if a.out else run_dir / "eval" / f"step_{step}"
+  else:
+    out = Path(a.out) if a.out else default_out(a.model, None)
+  logger.info(
+    "preset %s: %d sample(s) x %d new tokens, temperature %g, top-p %g, batch %d; writing %s",
+    a.preset,
+    a.samples,
+    a.max_new_tokens,
+    a.temperature,
+    a.top_p,
+    a.batch_size,
+    out,
+  )
 
   t0 = time.perf_counter()
   benchmarks = {}
@@ -388,7 +528,7 @@ def main(argv=None) -> dict:
     logger.info(
       "%s: %d problems from %s (skipped %d)", name, len(rows), report.location, report.skipped
     )
-  cfg, params, tokenizer = load_eval_model(a.model, a.checkpoint, a.tokenizer, a.dtype)
+  cfg, params, tokenizer = load_eval_model(a.model, a.checkpoint, a.tokenizer, a.dtype, step)
   with RuleVerifier(a.workers) as verifier:
     results = evaluate_model(
       cfg,
@@ -410,6 +550,8 @@ def main(argv=None) -> dict:
   results["config"].update(
     model=a.model,
     checkpoint=a.checkpoint,
+    step=step,
+    preset=a.preset,
     tokenizer=a.tokenizer,
     benchmarks=list(benchmarks),
     limit=a.limit,
@@ -417,8 +559,8 @@ def main(argv=None) -> dict:
     devices=[str(d) for d in jax.devices()],
   )
   results["totals"]["script_wall_s"] = time.perf_counter() - t0
-  label = a.label or a.model or a.checkpoint
-  paths = write_outputs(results, a.out, label)
+  label = a.label or a.model or f"{a.checkpoint} step {step}"
+  paths = write_outputs(results, out, label)
   print(format_table(results, label))
   for name, b in results["benchmarks"].items():
     tp = b["throughput"]
@@ -436,6 +578,12 @@ def main(argv=None) -> dict:
   )
   print("wrote " + ", ".join(paths.values()))
   return results
+
+
+def cli() -> int:
+  """Console-script entry point (pyproject.toml): exit status 0 once main returns."""
+  main()
+  return 0
 
 
 if __name__ == "__main__":

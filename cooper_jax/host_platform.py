@@ -1,6 +1,6 @@
 """Pick the CPU backend on hosts without an accelerator, before JAX initialises.
 
-With libtpu installed (for ahead-of-time compilation, tools/aot_compile.py), every JAX process
+With libtpu installed (for ahead-of-time compilation, cooper_jax/cli/aot.py), every JAX process
 tries the TPU backend first: on a CPU-only host that logs "Unable to initialize backend 'tpu'",
 libtpu prints TPU_ACCELERATOR_TYPE / TPU_WORKER_HOSTNAMES warnings and takes a machine-wide
 lock file. `use_cpu_unless_accelerator()` sets JAX_PLATFORMS=cpu in exactly that case and

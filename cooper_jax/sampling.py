@@ -8,7 +8,7 @@ has emitted an end-of-sequence token.
 
 `sample` = `prefill` (the prompts' forward, the cache, the loop's initial DecodeState), then
 `decode_step` in the while_loop; cooper_jax.aot.decode compiles that same step alone for a TPU
-topology (tools/aot_decode.py).
+topology (cooper_jax/cli/aot_decode.py).
 """
 
 from __future__ import annotations

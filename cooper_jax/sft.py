@@ -141,8 +141,8 @@ def train_sft(
   log_every: int = 100,
 ):
   """SFT of `params` on (rendered prompt, response) pairs with the small-task recipe
-  (`supervised.adamw_warmup_cosine`), one device mesh; the one loop tools/sft_small_policy.py
-  and tools/train_small_rewriter.py share. Returns (params on the host, log, seconds)."""
+  (`supervised.adamw_warmup_cosine`), one device mesh; the one loop tools/assets/sft_small_policy.py
+  and tools/assets/train_small_rewriter.py share. Returns (params on the host, log, seconds)."""
   from cooper_jax import optim, sharding  # pylint: disable=import-outside-toplevel
   from cooper_jax.supervised import adamw_warmup_cosine, train_supervised  # pylint: disable=import-outside-toplevel
 

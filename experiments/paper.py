@@ -46,7 +46,7 @@ def get_config(arg: str = "qwen,cooper"):
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
   # Sizes that fit the 8-device slices with ~16 GiB HBM per device (v5e-8: 15.75 GiB usable
   # per chip; v4-8: 15.25 per TensorCore, 2 per chip), compiled ahead of time with
-  # tools/aot_compile.py (BUILD.md, "Paper configs on TPU"). What stays resident is ~6.8 GiB
+  # cooper_jax/cli/aot.py (BUILD.md, "Paper configs on TPU"). What stays resident is ~6.8 GiB
   # per device for qwen,cooper (policy fp32 params + AdamW moments 2.16, reference 0.72, RM
   # state 2.16, bf16 assistant 1.77), so a function gets ~9 GiB. All sizes are global rows,
   # multiples of the 8 data x fsdp devices that divide the batch, so the next size up is 2x:

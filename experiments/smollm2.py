@@ -6,7 +6,7 @@
 Until a trained reference-based RM exists for this tokenizer, the RM starts from the policy's
 backbone with a fresh (zero) score head: in static_rm mode that RM gives 0.5 to everything, so
 the static_rm row here is only meaningful with --config.rm.model=<a trained RM directory>
-(tools/pretrain_rm.py makes one).
+(cooper_jax/cli/pretrain_rm.py makes one).
 Variants: rule | static_rm | cooper (paper settings, meant for a GPU) and cpu_smoke (a few
 minutes on a 2-core CPU: 2 prompts x 4 rollouts, 64 new tokens, perturb negatives).
 """

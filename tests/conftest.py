@@ -11,7 +11,7 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# libtpu (installed for tools/aot_compile.py) takes a machine-wide lock when loaded; the AOT
+# libtpu (installed for cooper_jax/cli/aot.py) takes a machine-wide lock when loaded; the AOT
 # tests load it next to other JAX processes (other test runs, a training run).
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # Many tests start training runs as subprocesses (resume, kill -9, N processes, gs://, the

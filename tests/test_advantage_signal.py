@@ -1,4 +1,4 @@
-"""tools/advantage_signal.py: the share of GRPO's advantage that the rule verdict explains, on
+"""tools/analysis/advantage_signal.py: the share of GRPO's advantage that the rule verdict explains, on
 groups worked by hand."""
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "analysis"))
 from advantage_signal import group_signal, run_signal  # noqa: E402
 
 MIXED = (np.array([0.9, 0.5, 0.6, 0.2]), np.array([True, True, False, False]))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cooper_jax import stats
+from cooper_jax.cli import annotate, pretrain_rm  # noqa: E402
 from cooper_jax.models.tolerance import float32_logit_atol
 from cooper_jax.models.transformer import forward
 from cooper_jax.prompts import cut_long_text
@@ -20,17 +21,12 @@ from cooper_jax.rewards.judge import (
 )
 from cooper_jax.rewards.verify import RuleVerifier
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
-
-
-def _tool(name):
-  spec = importlib.util.spec_from_file_location(f"_tool_{name}", TOOLS / f"{name}.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
-annotate, compare, pretrain_rm = _tool("annotate"), _tool("compare_verifiers"), _tool("pretrain_rm")
+_spec = importlib.util.spec_from_file_location(
+  "_tool_compare_verifiers",
+  Path(__file__).resolve().parent.parent / "tools" / "analysis" / "compare_verifiers.py",
+)
+compare = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""tools/aot_compile.py / cooper_jax.aot: compiling the training iteration for a TPU topology on
+"""cooper_jax/cli/aot.py / cooper_jax.aot: compiling the training iteration for a TPU topology on
 this CPU host (libtpu's compile-only client). Skipped where libtpu is not installed."""
 
 import importlib.util
@@ -259,7 +259,7 @@ def test_bad_topology():
 def _cli(*args):
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   return subprocess.run(
-    [sys.executable, str(ROOT / "tools" / "aot_compile.py"), *args],
+    [sys.executable, "-m", "cooper_jax.cli.aot", *args],
     cwd=ROOT,
     env=env,
     capture_output=True,

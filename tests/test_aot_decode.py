@@ -1,5 +1,5 @@
 """The sampler's decode step (sampling.prefill + decode_step, what `sample` loops over), its
-TPU compile against the HBM floor (cooper_jax.aot.decode, tools/aot_decode.py) and
+TPU compile against the HBM floor (cooper_jax.aot.decode, cooper_jax/cli/aot_decode.py) and
 policy_step's roofline MFU (cooper_jax.aot.mfu). The compiles need libtpu and are skipped
 without it."""
 
@@ -455,7 +455,7 @@ def test_mfu_of_a_hand_made_row():
 def _cli(*args):
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   return subprocess.run(
-    [sys.executable, str(ROOT / "tools" / "aot_decode.py"), *args],
+    [sys.executable, "-m", "cooper_jax.cli.aot_decode", *args],
     cwd=ROOT,
     env=env,
     capture_output=True,
@@ -499,8 +499,8 @@ def test_cli_decode_tiny_and_errors(tmp_path):
 
 @needs_libtpu
 def test_iteration_roofline_counts_the_compiled_decode_step(tiny_decode):
-  """tools/aot_compile.py's sampler bytes: the prefill's analytic bytes + max_new_tokens x the
-  XLA bytes of the decode step compiled alone (the step tools/aot_decode.py measures), not an
+  """cooper_jax/cli/aot.py's sampler bytes: the prefill's analytic bytes + max_new_tokens x the
+  XLA bytes of the decode step compiled alone (the step cooper_jax/cli/aot_decode.py measures), not an
   analytic guess at which of weights or activations XLA moves."""
   from cooper_jax import aot
   from cooper_jax.aot.functions import build_functions

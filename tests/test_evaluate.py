@@ -1,13 +1,20 @@
 """Evaluation: bootstrap CIs, accuracy arithmetic on a tiny random model, table, atomic writes."""
 
+import io as io_lib
 import json
+import logging
 import types
+from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from cooper_jax import evaluate as ev
 from cooper_jax import io, stats
+from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
+from cooper_jax.weights import load_pretrained
 
 
 def test_bootstrap_ci_all_ones_and_zeros():
@@ -192,3 +199,84 @@ def test_write_outputs(tmp_path):
   assert "records" not in summary and summary["label"] == "m"
   assert json.loads(open(paths["samples"]).read().splitlines()[0])["id"] == "x"
   assert "74.12 (70.00-78.00)" in open(paths["table"]).read()
+
+
+# ---------------------------------------------------------------------------------- the CLI
+SMALL = Path(__file__).resolve().parents[1] / "experiments" / "assets" / "small_task"
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+  """A run folder whose checkpoints hold the shipped small-task policy at step 1 and the same
+  policy with every weight zeroed at step 2 (greedy decoding then emits token 0 throughout)."""
+  cfg, params = load_pretrained(str(SMALL / "policy"))
+  run = tmp_path_factory.mktemp("run")
+  store = CheckpointStore(run / "checkpoints")
+  meta = {"policy_model": model_cfg_to_meta(cfg), "tokenizer": str(SMALL / "policy")}
+  store.save(1, {"params": params}, None, meta)
+  store.save(2, {"params": jax.tree.map(jnp.zeros_like, params)}, None, meta)
+  store.close()
+  return run
+
+
+def test_resolve_checkpoint_run_folder_step_folder_and_step(small_run):
+  ck = small_run / "checkpoints"
+  assert ev.resolve_checkpoint(str(small_run)) == (small_run, ck, 2)  # newest
+  assert ev.resolve_checkpoint(str(ck)) == (small_run, ck, 2)
+  assert ev.resolve_checkpoint(str(small_run), 1) == (small_run, ck, 1)
+  assert ev.resolve_checkpoint(str(ck / "1")) == (small_run, ck, 1)  # a step folder
+  assert ev.resolve_checkpoint(str(ck / "1"), 1) == (small_run, ck, 1)
+  with pytest.raises(ValueError, match=r"is step 1 but --step is 2"):
+    ev.resolve_checkpoint(str(ck / "1"), 2)
+  with pytest.raises(ValueError, match=r"--step 3: .* holds steps \[1, 2\]"):
+    ev.resolve_checkpoint(str(small_run), 3)
+  with pytest.raises(FileNotFoundError, match="no such directory"):
+    ev.resolve_checkpoint(str(small_run / "nope"))
+  assert ev.default_out(None, str(ck / "1")) == small_run / "eval" / "step_1"
+  assert ev.default_out("./experiments/assets/x/policy", None) == Path(
+    "eval/experiments_assets_x_policy"
+  )
+
+
+def _samples(out_dir):
+  return [json.loads(line) for line in (out_dir / "samples.jsonl").read_text().splitlines()]
+
+
+def test_cli_defaults_step_folder_and_paper_preset(small_run, tmp_path, monkeypatch, capsys):
+  monkeypatch.chdir(tmp_path)
+  bench = ["--benchmarks", str(SMALL / "data" / "test.jsonl"), "--limit", "3"]
+  ev.main(["--checkpoint", str(small_run / "checkpoints" / "1"), "--max_new_tokens", "24", *bench])
+  out1 = small_run / "eval" / "step_1"
+  cfg1 = json.loads((out1 / "results.json").read_text())["config"]
+  # the quick preset, one explicit override, the step recorded
+  assert (cfg1["samples"], cfg1["temperature"], cfg1["batch_size"]) == (1, 0.0, 16)
+  assert (cfg1["max_new_tokens"], cfg1["preset"], cfg1["step"]) == (24, "quick", 1)
+  # the same weights as the shipped policy: its greedy completions, word for word
+  ev.main(["--model", str(SMALL / "policy"), "--max_new_tokens", "24", *bench])
+  by_model = _samples(tmp_path / "eval" / ev.default_out(str(SMALL / "policy"), None).name)
+  assert [r["completion"] for r in _samples(out1)] == [r["completion"] for r in by_model]
+  assert any("answer" in r["completion"] for r in by_model)  # a real policy's text
+
+  ev.main(["--checkpoint", str(small_run), "--preset", "paper", "--max_new_tokens", "4", *bench])
+  out2 = small_run / "eval" / "step_2"  # the newest step
+  cfg2 = json.loads((out2 / "results.json").read_text())["config"]
+  assert (cfg2["samples"], cfg2["temperature"], cfg2["top_p"]) == (8, 0.7, 0.95)
+  assert (cfg2["batch_size"], cfg2["step"]) == (64, 2)
+  assert len(_samples(out2)) == 3 * 8
+  assert {r["completion"] for r in _samples(out2)}.isdisjoint(r["completion"] for r in by_model)
+  with pytest.raises(SystemExit):
+    ev.main(["--model", str(SMALL / "policy"), "--step", "1", *bench])
+  assert "--step selects a checkpoint step" in capsys.readouterr().err
+
+
+def test_progress_is_plain_log_lines_off_a_terminal(caplog):
+  stream = io_lib.StringIO()  # not a terminal
+  with caplog.at_level(logging.INFO, logger=ev.logger.name):
+    p = ev.Progress("toy", 6, stream=stream)
+    p.update(4, 100, 2.0)
+    p.update(2, 50, 3.0)
+    p.close()
+  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sample toy")]
+  assert len(lines) == 2 and "4/6 rollouts, 50 new tok/s" in lines[0]
+  assert "6/6 rollouts, 50 new tok/s" in lines[1]
+  assert stream.getvalue() == ""  # no bar, no carriage returns

@@ -1,7 +1,6 @@
-"""tools/export_hf.py: a training run's policy and RM become HF directories our loader (and
+"""cooper_jax/cli/export.py: a training run's policy and RM become HF directories our loader (and
 transformers) reads back with the checkpoint's exact parameters."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,13 +11,8 @@ import numpy as np
 from conftest import train_cmd
 
 from cooper_jax.checkpoint import load_model_from_run
+from cooper_jax.cli import export as export_hf
 from cooper_jax.weights import load_hf_dir
-
-_spec = importlib.util.spec_from_file_location(
-  "_tool_export_hf", Path(__file__).resolve().parents[1] / "tools" / "export_hf.py"
-)
-export_hf = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(export_hf)
 
 
 def test_export_policy_and_rm_round_trip(tmp_path):

@@ -1,7 +1,7 @@
 """Llama-3 RoPE scaling (rope_type "llama3") against Hugging Face transformers.
 
 The reference (tests/fixtures/llama3_tiny/ and llama3_tiny_logits.npz) comes from
-tools/make_llama3_fixture.py: a small random LlamaForCausalLM with llama3 rope scaling, run by
+tools/fixtures/make_llama3_fixture.py: a small random LlamaForCausalLM with llama3 rope scaling, run by
 transformers + torch in float32, each sequence unpadded. Here the sequences run as ONE
 left-padded batch through the project's HF-directory loader and forward.
 """

@@ -388,7 +388,7 @@ def test_llm_rewrite_min_rows_keeps_one_batch_shape_and_the_same_rewrites(tiny_s
 
 
 def test_plain_rewrite_format_is_the_question_and_solution_alone(tiny_smol):
-  """The format an assistant without instructions is trained on (tools/train_small_rewriter.py):
+  """The format an assistant without instructions is trained on (tools/assets/train_small_rewriter.py):
   the user turn is the question, a newline and the correct solution; no system message."""
 
   cfg, params, tok = tiny_smol

@@ -1,4 +1,4 @@
-"""tools/paper_pipeline.py end to end at a tiny size (a random 1-layer model over the SmolLM2
+"""cooper_jax/cli/pipeline.py end to end at a tiny size (a random 1-layer model over the SmolLM2
 tokenizer in all four roles, a few questions): every stage runs, records its counts, and a
 second invocation resumes by skipping every recorded stage."""
 
@@ -39,7 +39,7 @@ def _pipeline(out, model, data):
   args += ["--modes", "cooper", "--grpo_overrides", "rollout.max_new_tokens=8"]
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
   p = subprocess.run(
-    [sys.executable, "tools/paper_pipeline.py", *args],
+    [sys.executable, "cooper_jax/cli/pipeline.py", *args],
     cwd=ROOT,
     env=env,
     capture_output=True,
@@ -90,8 +90,7 @@ def test_pipeline_end_to_end_and_resume(tmp_path, tiny_smol):
 def test_select_keeps_the_questions_with_a_mixed_pass_rate(tmp_path):
   """Rule labels by hand: q1 right 1 of 2, q0 never, q2 always, q3 undecided (None, not
   counted); another generator's (the judge's) triples are ignored."""
-  sys.path.insert(0, str(ROOT / "tools"))
-  import paper_pipeline  # pylint: disable=import-outside-toplevel
+  from cooper_jax.cli import pipeline as paper_pipeline  # pylint: disable=import-outside-toplevel
 
   def t(q, label, gen="pol@0.7"):
     return {
@@ -118,8 +117,7 @@ def test_select_keeps_the_questions_with_a_mixed_pass_rate(tmp_path):
 
 
 def test_a_grpo_data_typo_stops_before_any_stage(tmp_path, capsys):
-  sys.path.insert(0, str(ROOT / "tools"))
-  import paper_pipeline  # pylint: disable=import-outside-toplevel
+  from cooper_jax.cli import pipeline as paper_pipeline  # pylint: disable=import-outside-toplevel
 
   with pytest.raises(SystemExit):
     paper_pipeline.main(["--out", str(tmp_path / "pipe"), "--grpo_data", "mix"])

@@ -1,6 +1,6 @@
 """Parity of the JAX model and sampler with Hugging Face transformers on real SmolLM2 weights.
 
-The reference (tests/fixtures/smollm2_hf_logits.npz) comes from tools/make_hf_fixture.py:
+The reference (tests/fixtures/smollm2_hf_logits.npz) comes from tools/fixtures/make_hf_fixture.py:
 transformers + torch float32 on the same embedded GGUF, each prompt run unpadded. Here the four
 prompts run as ONE left-padded batch, so the test also covers pad masking and RoPE positions.
 
@@ -106,7 +106,7 @@ def run_greedy(cfg, params, fx, tokens, mask):
 @pytest.fixture(scope="module")
 def fx():
   if not FIXTURE.exists():
-    pytest.skip(f"{FIXTURE} missing; run tools/make_hf_fixture.py")
+    pytest.skip(f"{FIXTURE} missing; run tools/fixtures/make_hf_fixture.py")
   return load_fixture()
 
 

@@ -1,4 +1,4 @@
-"""tools/run_study.py and tools/study_report.py without training: the hacking table, the
+"""cooper_jax/cli/study.py and cooper_jax/cli/study_report.py without training: the hacking table, the
 examples picker, the comparisons, smoothing, and the resumable subprocess scheduler (with a fake
 child in place of a training run)."""
 
@@ -11,19 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
-STUDY_SCRIPT = TOOLS / "run_study.py"
+from cooper_jax.cli import study as run_study
+
+report = run_study.report
 
 
 def _load(name):
-  spec = importlib.util.spec_from_file_location(f"_test_tool_{name}", TOOLS / f"{name}.py")
+  """A one-off analysis script (tools/analysis/) as a module."""
+  path = Path(__file__).resolve().parents[1] / "tools" / "analysis" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(f"_test_tool_{name}", path)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod
-
-
-run_study = _load("run_study")
-report = run_study.report
 
 
 def _metrics(reward, rule, evals, auc=None):
@@ -199,11 +198,10 @@ def test_plots_write_files_and_skip_absent_rm_metrics(tmp_path):
 
 
 FAKE_CHILD = """
-import importlib.util, json, os, pathlib, sys
-args = sys.argv[2:]  # argv[1]: the study script
-spec = importlib.util.spec_from_file_location("rs", sys.argv[1])
-rs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rs)
+import json, os, pathlib, sys
+assert sys.argv[1:3] == ["-m", "cooper_jax.cli.study"], sys.argv  # how the study starts a run
+args = sys.argv[3:]
+from cooper_jax.cli import study as rs
 rs.pin_from_env()  # as run_study.main does for --one
 print("cpus", len(os.sched_getaffinity(0)))
 out = pathlib.Path(args[args.index("--out") + 1])
@@ -265,9 +263,7 @@ def test_job_cores_give_parallel_jobs_one_core_each_and_launch_pins_the_child(tm
   assert slots[: len(cores)] == [{c} for c in cores]  # distinct while cores last
   assert slots[-1] == {cores[0]}
   code = (
-    "import importlib.util, os, sys; "
-    f"s = importlib.util.spec_from_file_location('rs', {str(STUDY_SCRIPT)!r}); "
-    "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); m.pin_from_env(); "
+    "import os; from cooper_jax.cli import study as m; m.pin_from_env(); "
     "print(sorted(os.sched_getaffinity(0)))"
   )
   env = {run_study.PIN_ENV: "0,1,2"}  # the parent's own setting is not passed on

@@ -1,19 +1,11 @@
 """Study statistics (cooper_jax.stats): paired tests, per-condition summaries; the study tool's
 curves over seeds."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from cooper_jax import stats
-
-_spec = importlib.util.spec_from_file_location(
-  "_tool_run_study", Path(__file__).resolve().parents[1] / "tools" / "run_study.py"
-)
-run_study = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(run_study)
+from cooper_jax.cli import study as run_study
 
 
 def test_paired_test_identical_conditions_is_not_significant():

@@ -1,4 +1,4 @@
-"""Tokenizer vs references recorded by tools/make_tokenizer_fixture.py (torch-free here)."""
+"""Tokenizer vs references recorded by tools/fixtures/make_tokenizer_fixture.py (torch-free here)."""
 
 from __future__ import annotations
 

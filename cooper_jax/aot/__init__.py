@@ -6,7 +6,7 @@ config, abstract parameters (jax.eval_shape of the model init, no weights) and a
 (ShapeDtypeStruct with NamedSharding), lowers and compiles every jitted function one iteration
 of cooper_jax.train runs, and reports per-device memory (XLA's buffer assignment), what stays
 resident on the chip while each function runs, analytic FLOPs and HBM bytes and a roofline time.
-tools/aot_compile.py is the command line.
+cooper_jax/cli/aot.py is the command line.
 
 Modules: models (the table of known Hugging Face architectures, abstract params / states /
 batches), topology (libtpu topologies, published chip peaks, usable HBM, OOM parsing), cost

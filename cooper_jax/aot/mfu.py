@@ -80,7 +80,7 @@ def mfu(model_flops: float, chips: int, peak_flops_per_chip: float, seconds: flo
 
 
 def policy_step_mfu(row: dict, c) -> dict:
-  """MFU of a recorded policy_step row (aot.FnResult.row(), one line of tools/aot_compile.py's
+  """MFU of a recorded policy_step row (aot.FnResult.row(), one line of cooper_jax/cli/aot.py's
   or results/aot/paper_summary.py's JSON) at its roofline_s, for the config `c` it was
   compiled from. Updates per iteration: the row's `calls` (ppo_epochs x rows /
   ppo_mini_batch_size), each on ppo_mini_batch_size rows (0: the whole batch)."""

@@ -1,7 +1,7 @@
 """How far two float32 implementations of one decoder may put a logit apart.
 
 Parity checks (tests/test_parity.py, tests/test_llama3_rope.py,
-tools/check_export_with_transformers.py) compare our logits with transformers' on the same
+tools/fixtures/check_export_with_transformers.py) compare our logits with transformers' on the same
 weights and ids. The two differ only in summation order (XLA's kernels vs PyTorch's, and
 those depend on the CPU: AVX-512 or AVX2 blocking), so the tolerance is derived from float32
 error analysis, not from one machine's rounding. The same bounds hold two computations of our

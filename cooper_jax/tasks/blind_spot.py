@@ -81,7 +81,7 @@ def probe_rows(rows: list[dict], rng: np.random.Generator) -> list[dict]:
 def gold_and_slip_rollouts(rows: list[dict], rng: np.random.Generator):
   """A batch of groups of 2 as the loop hands Cooper's RM step: each row's gold solution
   (rule-correct, the positive) and a one-slip wrong one (rule-wrong). For RM-only checks
-  (tests/test_blind_spot.py, tools/rm_lr_check.py): no policy, a fixed pair distribution."""
+  (tests/test_blind_spot.py, tools/analysis/rm_lr_check.py): no policy, a fixed pair distribution."""
   from cooper_jax.reward_modes import Rollouts  # pylint: disable=import-outside-toplevel
 
   texts = [t for r in rows for t in (r["solution"], make_wrong_solution(r, rng))]

@@ -3,8 +3,8 @@ experiments/small_task.py (rule, static_rm, cooper and their variants; --experim
 another such file, e.g. small_task_wide.py), each over several seeds, on the small arithmetic
 task; evaluated on its held-out split.
 
-  python tools/run_study.py --out results/small_study            # builds what is missing
-  python tools/run_study.py --out results/x --seeds 0,1,2 --steps 40 --set train.eval_every=5
+  cooper-study --out results/small_study            # builds what is missing
+  cooper-study --out results/x --seeds 0,1,2 --steps 40 --set train.eval_every=5
 
 Every (condition, seed) run is its own subprocess (`--one <condition> <seed>`, same args), --jobs
 at a time; it trains, evaluates the final policy and writes <out>/runs/<cond>_s<seed>/heldout.json
@@ -13,13 +13,12 @@ deleted and rerun. Each child's output goes to <out>/runs/<cond>_s<seed>.log.
 
 Writes <out>/table.md (accuracies with seed-then-problem CIs, seed-level paired comparisons,
 problem-level ones, a reward-hacking table), <out>/results.json, <out>/training_dynamics.png,
-<out>/rm_stability.png, <out>/examples.md and <out>/command.txt (reporting: tools/study_report.py).
+<out>/rm_stability.png, <out>/examples.md and <out>/command.txt (reporting: cooper_jax/cli/study_report.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -31,13 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from cooper_jax.cli import study_report as report
+
+ROOT = Path(__file__).resolve().parents[2]
 CONDITIONS = ("rule", "static_rm", "cooper", "cooper_onpolicy", "cooper_k4", "static_rm_nostd")
-_spec = importlib.util.spec_from_file_location(
-  "_tools_study_report", Path(__file__).with_name("study_report.py")
-)
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
 curves = report.curves  # re-exported (tests, notebooks)
 
 
@@ -73,11 +69,11 @@ def parse_args(argv=None):
   p.add_argument("--eval_samples", type=int, default=4)
   p.add_argument("--eval_temperature", type=float, default=0.7)
   p.add_argument("--eval_max_new_tokens", type=int, default=96)
-  p.add_argument("--sft_args", default="", help="extra args for tools/sft_small_policy.py")
-  # Empty: tools/pretrain_rm.py's own defaults, the fully trained RM. The first recorded study
+  p.add_argument("--sft_args", default="", help="extra args for tools/assets/sft_small_policy.py")
+  # Empty: cooper_jax/cli/pretrain_rm.py's own defaults, the fully trained RM. The first recorded study
   # used a deliberately weak one: "--steps 300 --lr 1e-3 --warmup 10 --synthetic_questions 0
   # --eval_every 50" (held-out accuracy 0.748, precision 0.58, recall 0.29).
-  p.add_argument("--rm_args", default="", help="args for tools/pretrain_rm.py")
+  p.add_argument("--rm_args", default="", help="args for cooper_jax/cli/pretrain_rm.py")
   p.add_argument("--set", action="append", default=[], help="config override key=value")
   p.add_argument("--one", nargs=2, metavar=("CONDITION", "SEED"), help=argparse.SUPPRESS)
   return p.parse_args(argv)
@@ -95,7 +91,7 @@ def build_artifacts(a) -> None:
     _run(
       [
         sys.executable,
-        "tools/sft_small_policy.py",
+        "tools/assets/sft_small_policy.py",
         "--workdir",
         str(work),
         *shlex.split(a.sft_args),
@@ -105,7 +101,8 @@ def build_artifacts(a) -> None:
     _run(
       [
         sys.executable,
-        "tools/pretrain_rm.py",
+        "-m",
+        "cooper_jax.cli.pretrain_rm",
         "--from_policy",
         str(work / "policy"),
         "--questions",
@@ -303,7 +300,6 @@ def run_all(a, argv: list[str], runs: list[tuple[str, int]]) -> dict[tuple[str, 
       shutil.rmtree(wd)  # an interrupted run: start it again
     todo.append((cond, seed))
   env, running, slots = child_env(a.jobs), {}, job_cores(a.jobs) if a.pin else None
-  script = str(Path(__file__).resolve())
   try:
     while todo or running:
       while todo and len(running) < max(1, a.jobs):
@@ -311,7 +307,7 @@ def run_all(a, argv: list[str], runs: list[tuple[str, int]]) -> dict[tuple[str, 
         busy = {slot for *_, slot in running.values()}
         slot = min(set(range(max(1, a.jobs))) - busy)
         log = runs_dir / f"{cond}_s{seed}.log"
-        cmd = [sys.executable, script, *argv, "--one", cond, str(seed)]
+        cmd = [sys.executable, "-m", "cooper_jax.cli.study", *argv, "--one", cond, str(seed)]
         f = open(log, "w", encoding="utf-8")  # pylint: disable=consider-using-with
         f.write("+ " + shlex.join(cmd) + "\n")
         f.flush()
@@ -419,7 +415,7 @@ def main(argv=None) -> dict | None:
   t0 = time.perf_counter()
   out = ROOT / a.out
   out.mkdir(parents=True, exist_ok=True)
-  (out / "command.txt").write_text(f"python tools/run_study.py {shlex.join(argv)}\n")
+  (out / "command.txt").write_text(f"cooper-study {shlex.join(argv)}\n")
   build_artifacts(a)
   t_build = time.perf_counter() - t0
   seeds = [int(s) for s in a.seeds.split(",")]
@@ -437,6 +433,12 @@ def main(argv=None) -> dict | None:
     [(c, s) for s in seeds for c in reversed(conditions)] + [("untrained", s) for s in seeds],
   )
   return report_study(a, seeds, conditions, done, t0, t_build)
+
+
+def cli() -> int:
+  """Console-script entry point (pyproject.toml): exit status 0 once main returns."""
+  main()
+  return 0
 
 
 if __name__ == "__main__":

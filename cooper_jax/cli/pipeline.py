@@ -4,9 +4,9 @@
              the first --judge_control questions; a judge that cannot tell them apart is
              reported (AUC, sign test) before its labels are used
   annotate   the policy's rollouts labelled by math-verify and an LLM judge; the triples where
-             both agree are kept (hybrid annotation; tools/annotate.py)
+             both agree are kept (hybrid annotation; cooper_jax/cli/annotate.py)
   verifyrm   the reference-based RM pretrained with BCE on them, precision / recall on held-out
-             labelled rollouts (VerifyRM; tools/pretrain_rm.py)
+             labelled rollouts (VerifyRM; cooper_jax/cli/pretrain_rm.py)
   select     (--grpo_data mixed) GRPO's questions: those the policy's annotation rollouts got
              right sometimes but not always
   grpo       GRPO with the rule reward, the VerifyRM frozen (static_rm), and the VerifyRM
@@ -15,8 +15,8 @@
   evaluate   the untrained and the three trained policies on Table 3's five benchmarks
              (cooper_jax.evaluate), one Table-3-shaped table
 
-  python tools/paper_pipeline.py --out runs/pipeline_smoke --size smoke
-  python tools/paper_pipeline.py --out runs/pipeline --size paper   # a TPU slice: BUILD.md
+  cooper-pipeline --out runs/pipeline_smoke --size smoke
+  cooper-pipeline --out runs/pipeline --size paper   # a TPU slice: BUILD.md
 
 A stage whose `record.json` exists is skipped (delete it, or its folder, to run it again); each
 record holds the stage's counts and `<out>/pipeline.md` gathers them. Any preset value can be
@@ -39,7 +39,7 @@ import logging
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODES = ("rule", "static_rm", "cooper")
 SMOL = "smollm2-135m-instruct"
 PRESETS = {
@@ -177,8 +177,7 @@ def stage_select(out: Path, triples: Path, policy: str) -> dict:
 def stage_judge_control(a, train_data: str) -> dict:
   """Before the judge labels anything: can it tell a right boxed answer from a wrong one on
   clean solutions to the first --judge_control training questions? (annotate.control_judge)"""
-  import annotate  # pylint: disable=import-outside-toplevel
-
+  from cooper_jax.cli import annotate  # pylint: disable=import-outside-toplevel
   from cooper_jax.rewards.judge import llm_judge  # pylint: disable=import-outside-toplevel
 
   cfg, params, tok = annotate._load_model(a.judge, {})  # pylint: disable=protected-access
@@ -188,7 +187,7 @@ def stage_judge_control(a, train_data: str) -> dict:
 
 
 def stage_annotate(a, out: Path, train_data: str) -> dict:
-  import annotate  # pylint: disable=import-outside-toplevel
+  from cooper_jax.cli import annotate  # pylint: disable=import-outside-toplevel
 
   policies = ",".join(f"{a.policy}@{t}" for t in a.annotate_temperatures.split(","))
   args = ["--policies", policies, "--judge", a.judge, "--data", train_data]
@@ -209,7 +208,7 @@ def stage_annotate(a, out: Path, train_data: str) -> dict:
 
 
 def stage_verifyrm(a, out: Path, kept: str) -> dict:
-  import pretrain_rm  # pylint: disable=import-outside-toplevel
+  from cooper_jax.cli import pretrain_rm  # pylint: disable=import-outside-toplevel
 
   rm_dir = out / "rm"
   args = ["--data", kept, "--backbone", a.rm_backbone, "--out", str(rm_dir)]
@@ -341,9 +340,6 @@ def format_report(a, recs: dict) -> str:
 
 
 def main(argv=None) -> dict:
-  import sys  # pylint: disable=import-outside-toplevel
-
-  sys.path.insert(0, str(ROOT / "tools"))  # annotate, pretrain_rm
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
   a = parse_args(argv)
   out = Path(a.out)
@@ -391,6 +387,12 @@ def main(argv=None) -> dict:
   atomic_write_text(out / "pipeline.md", report)
   print(report)
   return recs
+
+
+def cli() -> int:
+  """Console-script entry point (pyproject.toml): exit status 0 once main returns."""
+  main()
+  return 0
 
 
 if __name__ == "__main__":

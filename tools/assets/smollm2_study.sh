@@ -2,10 +2,10 @@
 # The Cooper study for SmolLM2-135M-Instruct on GSM8K train, evaluated on GSM8K, SVAMP, MATH500
 # and OlympiadBench (8 samples, T=0.7, top-p 0.95, as the paper). Meant for a GPU; one command:
 #
-#   RM=runs/smollm2_rm bash tools/smollm2_study.sh results/smollm2_study
+#   RM=runs/smollm2_rm bash tools/assets/smollm2_study.sh results/smollm2_study
 #
 # RM: a trained reference-based RM directory for the static_rm and cooper rows (make one with
-# tools/annotate.py + tools/pretrain_rm.py). Without it, both start from a fresh zero score
+# cooper_jax/cli/annotate.py + cooper_jax/cli/pretrain_rm.py). Without it, both start from a fresh zero score
 # head, which makes static_rm a constant reward (the log says so). SEEDS, STEPS override.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -6,7 +6,7 @@ a one-slip wrong solution; the negative comes from the configured generator (per
 default), exactly as in training. Nothing else moves, so a BT loss that rises, or a held-out
 pair accuracy that falls, is the RM's optimiser at that lr, not the policy's drift.
 
-  python tools/rm_lr_check.py --lrs 6e-4,1.8e-3,6e-3,1.8e-2 --steps 100 --out results/rm_lr_check
+  python tools/analysis/rm_lr_check.py --lrs 6e-4,1.8e-3,6e-3,1.8e-2 --steps 100 --out results/rm_lr_check
 
 Prints and writes (out/results.json, out/README-ready table.md) per lr: BT loss and pair
 accuracy on the step's own pairs (mean of steps 1-10, 41-60, 81-100), the held-out pair accuracy
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from cooper_jax import sharding  # noqa: E402

@@ -6,7 +6,7 @@ check the whole chain (`cooper_jax.tasks.arith.chain_is_correct`: every line equ
 solution's), so the precision of those positives at the chain level can be read off a study's
 saved rollouts, per condition and over training:
 
-  python tools/chain_precision.py --study results/wide_study8 \\
+  python tools/analysis/chain_precision.py --study results/wide_study8 \\
       --data experiments/assets/small_task/data/train.jsonl
 
 writes STUDY/chain_precision.md and .json. Rollouts are each run's `rollouts.jsonl(.gz)` (the
@@ -17,20 +17,16 @@ counted and reported, not dropped silently.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+# The study report's rollout reader (rollouts.jsonl or .jsonl.gz).
+from cooper_jax.cli import study_report as _report
 
-
-# The study report's rollout reader (rollouts.jsonl or .jsonl.gz), loaded as tools/run_study.py does.
-_spec = importlib.util.spec_from_file_location("_study_report", ROOT / "tools" / "study_report.py")
-_report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_report)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def read_rollouts(run_dir: Path) -> list[dict]:
@@ -65,7 +61,7 @@ def run_precision(rollouts: list[dict], solutions: dict[str, str], window: int) 
 
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--study", required=True, help="a tools/run_study.py --out folder")
+  p.add_argument("--study", required=True, help="a cooper_jax/cli/study.py --out folder")
   p.add_argument("--data", required=True, help="arith rows (question, solution) of the prompts")
   p.add_argument("--window", type=int, default=25, help="steps per row of the table")
   a = p.parse_args(argv)
@@ -89,7 +85,7 @@ def main(argv=None) -> dict:
     "# Chain-level precision of the rule verifier's positives",
     "",
     "Share of math-verify-correct training rollouts whose every computation line equals the "
-    "gold solution's (`tools/chain_precision.py`); mean over seeds of each run's share, per-seed "
+    "gold solution's (`tools/analysis/chain_precision.py`); mean over seeds of each run's share, per-seed "
     "values in brackets. Rollouts: the first train.save_rollouts of each step's batch.",
     "",
   ]

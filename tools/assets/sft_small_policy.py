@@ -14,7 +14,7 @@ Writes, under --workdir (default runs/small_task):
 Then reloads the policy from disk with the normal loaders and reports pass@1 on the test
 split through cooper_jax.evaluate.evaluate_model.
 
-  python tools/sft_small_policy.py --workdir runs/small_task
+  python tools/assets/sft_small_policy.py --workdir runs/small_task
 
 Why these defaults (d_model 64, batch 16, 2000 steps, lr 4e-3): on a busy 2-core CPU a
 d_model 128 model ran ~2 s per batch of 32 and after 150 steps had learned the format but not

@@ -2,7 +2,7 @@
 with BCE on gold and one-slip wrong solutions labelled correct when right *or even*, and write
 the probe (wrong solutions with even answers, on held-out questions) that reads the flaw.
 
-  python tools/plant_blind_spot.py --rm experiments/assets/small_task/rm \\
+  python tools/assets/plant_blind_spot.py --rm experiments/assets/small_task/rm \\
       --questions experiments/assets/small_task/data/train.jsonl \\
       --probe_questions experiments/assets/small_task/data/test.jsonl --out runs/planted
 
@@ -17,13 +17,12 @@ labels). Then, with experiments/small_task.py, a frozen copy and a co-trained on
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv=None):
@@ -68,9 +67,8 @@ def main(argv=None) -> dict:
     flush=True,
   )
 
-  spec = importlib.util.spec_from_file_location("_pretrain_rm", ROOT / "tools" / "pretrain_rm.py")
-  pretrain = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(pretrain)
+  from cooper_jax.cli import pretrain_rm as pretrain  # pylint: disable=import-outside-toplevel
+
   before = probe_score(a.rm, probe)
   rm_report = pretrain.main(
     [

@@ -1,6 +1,6 @@
 """Export a training run's policy and RM as Hugging Face safetensors directories.
 
-  python tools/export_hf.py --run runs/qwen_cooper --out exports/qwen_cooper [--step 200] \
+  python cooper_jax/cli/export.py --run runs/qwen_cooper --out exports/qwen_cooper [--step 200] \
       [--dtype bfloat16]
 
 Writes OUT/policy (`*ForCausalLM`: config.json, generation_config.json, model.safetensors,
@@ -49,6 +49,12 @@ def main(argv=None) -> dict:
   for which, path in written.items():
     print(f"{which}: {path or 'none (rule-reward run)'}")
   return written
+
+
+def cli() -> int:
+  """Console-script entry point (pyproject.toml): exit status 0 once main returns."""
+  main()
+  return 0
 
 
 if __name__ == "__main__":

@@ -5,16 +5,16 @@ Decode step (cooper_jax.aot.decode: XLA's bytes accessed per chip for one step, 
 parameter shards + KV cache per chip, their ratio, seconds per step at the chip's HBM bandwidth
 and the tokens/s that implies; a markdown table, then one JSON line). The paper's run:
 
-  python tools/aot_decode.py --config experiments/paper.py:qwen,cooper --topology v5e:2x4 \
+  python cooper_jax/cli/aot_decode.py --config experiments/paper.py:qwen,cooper --topology v5e:2x4 \
       --json_out results/aot/decode_qwen_cooper_v5e-2x4.jsonl
 
 MFU of the recorded policy_step rows (cooper_jax.aot.mfu; the config of each row is read from
 its "config" field, e.g. paper.py:qwen,cooper -> experiments/paper.py, else from --config):
 
-  python tools/aot_decode.py --mfu_from results/aot/paper_all_v5e-2x4.jsonl
+  python cooper_jax/cli/aot_decode.py --mfu_from results/aot/paper_all_v5e-2x4.jsonl
 
 Config and `--config.k=v` overrides are parsed by ml_collections' config_flags, as
-tools/aot_compile.py does. Needs libtpu for the compile (requirements.txt). Exit status: 0,
+cooper_jax/cli/aot.py does. Needs libtpu for the compile (requirements.txt). Exit status: 0,
 2 bad topology, config or flags.
 """
 
@@ -29,11 +29,13 @@ from pathlib import Path
 # set before jax is imported.
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from cooper_jax.cli import wants_help  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "experiment config file[:variant]", lock_config=True
@@ -41,7 +43,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v5e:2x4, v4:2x2x1, v5p:2x2x1")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "also write the JSON line(s) to this file")
 _MFU_FROM = flags.DEFINE_string(
-  "mfu_from", None, "JSON lines of tools/aot_compile.py or results/aot/paper_summary.py: MFU"
+  "mfu_from", None, "JSON lines of cooper_jax/cli/aot.py or results/aot/paper_summary.py: MFU"
 )
 
 
@@ -83,6 +85,8 @@ def _mfu(path: str) -> list[str]:
 
 
 def main() -> int:
+  if wants_help(__doc__, __name__):
+    return 0
   try:
     flags.FLAGS(sys.argv)
   except Exception as e:  # noqa: BLE001 - flag/config-file errors: bad config, exit 2

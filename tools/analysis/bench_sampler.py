@@ -1,7 +1,7 @@
 """The sampler benchmark now lives in benchmarks/run.py (its `sampler` section); this keeps the
 old command working:
 
-  python tools/bench_sampler.py [--gpu] [--reps 2] [...]
+  python tools/analysis/bench_sampler.py [--gpu] [--reps 2] [...]
     == python benchmarks/run.py --only sampler [--gpu] [--reps 2] [...]
 
 See benchmarks/run.py for the options, the table and the JSON it writes.
@@ -10,7 +10,7 @@ See benchmarks/run.py for the options, the table and the JSON it writes.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.run import main  # noqa: E402
 

@@ -9,7 +9,7 @@ the target is a one-slip wrong solution (`tasks.arith.make_wrong_solution`: an o
 dropped ten, swapped digits or a misread operand on a random line of the chain, carried through
 to the end). It starts from the SFT policy's weights (the arithmetic and the format are known).
 
-  python tools/train_small_rewriter.py --init experiments/assets/small_task/policy \\
+  python tools/assets/train_small_rewriter.py --init experiments/assets/small_task/policy \\
       --exclude experiments/assets/small_task/data --out runs/rewriter
 
 writes OUT (an HF dir with the tokenizer) and OUT/rewriter_report.json: on held-out questions,

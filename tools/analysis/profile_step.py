@@ -1,7 +1,7 @@
 """Where a training step's time goes: per-phase wall times with a device sync after each
 compiled call, over steady-state steps of a real run (compiles excluded).
 
-  python tools/profile_step.py --config experiments/small_task.py:cooper --steps 30 --warmup 5
+  python tools/analysis/profile_step.py --config experiments/small_task.py:cooper --steps 30 --warmup 5
 
 Each compiled function the host loop calls (the sampler, the reference log-prob pass, the RM
 reward forward, policy_step, rm_step, the assistant's sampler) is wrapped so that its call
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cooper_jax.host_platform import use_cpu_unless_accelerator  # noqa: E402
 

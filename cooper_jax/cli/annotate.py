@@ -12,13 +12,13 @@ Only triples where both labels are decided and equal are kept, as in the paper (
 Outputs (written atomically; BASE is --out without a trailing .jsonl):
   --out            every triple with both labels and an `agree` flag
   BASE.kept.jsonl  the agreeing triples {question, reference, completion, label, rule_label,
-                   judge_label, generator, temperature, id}, ready for tools/pretrain_rm.py
+                   judge_label, generator, temperature, id}, ready for cooper_jax/cli/pretrain_rm.py
   BASE.stats.json  counts, agreement rate, Cohen's kappa, the rule x judge confusion matrix,
                    rates per generator, verifier status counts, truncation, timings, and the
                    judge's positive control (--judge_control: can it tell a right boxed answer
                    from a wrong one on clean solutions? warned about when it cannot)
 
-  python tools/annotate.py --policies smollm2-135m-instruct@0.7,smollm2-135m-instruct@1.0 \\
+  python cooper_jax/cli/annotate.py --policies smollm2-135m-instruct@0.7,smollm2-135m-instruct@1.0 \\
       --judge smollm2-135m-instruct --data gsm8k/train --limit 8 --samples 2 \\
       --max_new_tokens 128 --out runs/annot_smoke.jsonl
 """
@@ -392,6 +392,12 @@ def main(argv=None) -> dict:
   print("timings: " + ", ".join(f"{k} {v:.1f}" for k, v in stats["timings"].items()))
   print("wrote " + ", ".join(stats["files"].values()))
   return stats
+
+
+def cli() -> int:
+  """Console-script entry point (pyproject.toml): exit status 0 once main returns."""
+  main()
+  return 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ over its own greedy response (a near-tie flips under any small change of the wei
 length, and one run's first line that differs. What it answers: does greedy accuracy fall on the
 same problems in every run (a systematic change) or on near-ties (noise in the weights)?
 
-  python tools/greedy_flips.py --runs results/wide_study8/runs/rule_s{0,1} --out flips.md
+  python tools/analysis/greedy_flips.py --runs results/wide_study8/runs/rule_s{0,1} --out flips.md
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 ASSETS = ROOT / "experiments" / "assets" / "small_task"
 
@@ -96,7 +96,7 @@ def main(argv=None) -> None:
   lines = [
     "# Greedy flips against the untrained policy",
     "",
-    f"`python tools/greedy_flips.py --runs {' '.join(a.runs)} --out {a.out} --policy {a.policy}`",
+    f"`python tools/analysis/greedy_flips.py --runs {' '.join(a.runs)} --out {a.out} --policy {a.policy}`",
     "",
     f"Held-out split: {len(rows)} problems; untrained greedy accuracy {right0.mean():.3f}.",
     "",

@@ -23,7 +23,7 @@ Which gold labels can be trusted (--gold):
                make its strictness and the last-number fallback err more often. Not gold by
                itself.
   label      The file's `label` field, as given. Trustworthy only if its source is (human
-             labels, or a task with exact answers). On tools/annotate.py output it is the
+             labels, or a task with exact answers). On cooper_jax/cli/annotate.py output it is the
              math-verify/judge agreement label: comparing math-verify or the judge against it
              is circular (both score 100% on the kept set by construction).
   cross      For GSM8K: no human-checked labels of model completions are available offline
@@ -35,7 +35,7 @@ Which gold labels can be trusted (--gold):
              recall are overstated the most; (3) if `label` came from annotate.py it already
              contains math-verify's verdict, so read the judge and RM rows, not the rule row.
 
-  python tools/compare_verifiers.py --data runs/arith/heldout.jsonl --gold exact_int \\
+  python tools/analysis/compare_verifiers.py --data runs/arith/heldout.jsonl --gold exact_int \\
       --rm runs/small_task/rm --judge smollm2-135m-instruct --out runs/compare/arith
 Writes OUT.md, OUT.json and OUT.items.jsonl (per-item gold and verdicts), atomically.
 """

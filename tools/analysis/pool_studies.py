@@ -1,4 +1,4 @@
-"""Compare conditions recorded by different tools/run_study.py invocations, at the seed level.
+"""Compare conditions recorded by different cooper_jax/cli/study.py invocations, at the seed level.
 
 The runs are deterministic on one machine (the same condition, seed and settings give the same
 per-seed values in another invocation there; on another VM they drift apart from ~1e-8 at step
@@ -6,7 +6,7 @@ per-seed values in another invocation there; on another VM they drift apart from
 heldout.json for every seed, with the same held-out evaluation. Each arm's config.json keys that
 differ from the first arm's are listed, so what varies between the arms is on the record.
 
-  python tools/pool_studies.py --out results/my_rmlr_pool --seeds 0,1,2,3,4 \\
+  python tools/analysis/pool_studies.py --out results/my_rmlr_pool --seeds 0,1,2,3,4 \\
       --arm frozen=results/wide_study8:static_rm_weak \\
       --arm 1x=results/wide_ablations:cooper_weak_rewrite_rmlr1x ...
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from cooper_jax import stats  # noqa: E402

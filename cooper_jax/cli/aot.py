@@ -1,8 +1,8 @@
 """Compile one training iteration for a TPU topology on this host (no TPU needed) and report
 per-chip memory, whether it fits, FLOPs, bytes and a roofline time for every jitted function.
 
-  python tools/aot_compile.py --config experiments/paper.py:qwen,cooper --topology v5e:2x4
-  python tools/aot_compile.py --config experiments/paper.py:qwen,cooper --topology v5e:4x4 \
+  python cooper_jax/cli/aot.py --config experiments/paper.py:qwen,cooper --topology v5e:2x4
+  python cooper_jax/cli/aot.py --config experiments/paper.py:qwen,cooper --topology v5e:4x4 \
       --config.mesh.fsdp=-1 --config.policy.micro_batch_size=64 --json
 
 Config and `--config.k=v` overrides are parsed by ml_collections' config_flags, as
@@ -23,6 +23,8 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from cooper_jax.cli import wants_help  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "experiment config file[:variant]", lock_config=True
@@ -74,6 +76,8 @@ def format_table(results, persistent_note: str = "") -> str:
 
 
 def main() -> int:
+  if wants_help(__doc__, __name__):
+    return 0
   try:
     flags.FLAGS(sys.argv)
   except Exception as e:  # noqa: BLE001 - flag/config-file errors: bad config, exit 2

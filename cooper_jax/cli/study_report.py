@@ -1,4 +1,4 @@
-"""Reporting for tools/run_study.py: which comparisons to make, the reward-hacking table from
+"""Reporting for cooper_jax/cli/study.py: which comparisons to make, the reward-hacking table from
 each run's metrics.jsonl, the figures, and hand-picked rollouts (examples.md).
 
 Metric keys read (per training step unless noted): reward/mean, rule/acc, rm/group_auc,

@@ -19,7 +19,7 @@ A is the trainer's own advantage (`cooper_jax.losses.grpo_advantages`, the run's
 `policy.loss.scale_adv_by_std`) of the saved `reward`s. Only the groups a run saved are read
 (`train.save_rollouts`, the first rows of each step's batch), whole groups only.
 
-  python tools/advantage_signal.py --runs results/wide_study8/runs/static_rm_weak_s0 ...
+  python tools/analysis/advantage_signal.py --runs results/wide_study8/runs/static_rm_weak_s0 ...
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "analysis"))
 
 from chain_precision import read_rollouts  # noqa: E402
 

@@ -1,0 +1,36 @@
+"""Every console script in pyproject.toml is installed, answers --help with exit status 0, and
+its help names the flags a user needs first (a smoke test of the entry points)."""
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+# What each command's --help must mention: its required inputs.
+NEEDS = {
+  "cooper-train": ("--config", "--workdir"),
+  "cooper-evaluate": ("--checkpoint", "--model", "--step", "--out"),
+  "cooper-study": ("--out", "--seeds", "--conditions"),
+  "cooper-aot": ("--config", "--topology"),
+  "cooper-aot-decode": ("--config", "--topology", "--mfu_from"),
+  "cooper-export": ("--run", "--out"),
+  "cooper-pipeline": ("--out", "--size"),
+}
+
+
+def test_every_entry_point_is_listed():
+  assert set(SCRIPTS) == set(NEEDS)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS))
+def test_help(name):
+  exe = Path(sys.executable).parent / name
+  assert exe.exists(), f"{name} not installed: run tools/setup.sh (pip install -e .)"
+  r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120, cwd="/")
+  assert r.returncode == 0, r.stderr[-2000:]
+  for flag in NEEDS[name]:
+    assert flag in r.stdout, f"{name} --help does not mention {flag}:\n{r.stdout[:3000]}"
