@@ -18,7 +18,7 @@ Outputs (written atomically; BASE is --out without a trailing .jsonl):
                    judge's positive control (--judge_control: can it tell a right boxed answer
                    from a wrong one on clean solutions? warned about when it cannot)
 
-  python cooper_jax/cli/annotate.py --policies smollm2-135m-instruct@0.7,smollm2-135m-instruct@1.0 \\
+  python -m cooper_jax.cli.annotate --policies smollm2-135m-instruct@0.7,smollm2-135m-instruct@1.0 \\
       --judge smollm2-135m-instruct --data gsm8k/train --limit 8 --samples 2 \\
       --max_new_tokens 128 --out runs/annot_smoke.jsonl
 """

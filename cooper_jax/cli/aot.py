@@ -1,8 +1,8 @@
 """Compile one training iteration for a TPU topology on this host (no TPU needed) and report
 per-chip memory, whether it fits, FLOPs, bytes and a roofline time for every jitted function.
 
-  python cooper_jax/cli/aot.py --config experiments/paper.py:qwen,cooper --topology v5e:2x4
-  python cooper_jax/cli/aot.py --config experiments/paper.py:qwen,cooper --topology v5e:4x4 \
+  cooper-aot --config experiments/paper.py:qwen,cooper --topology v5e:2x4
+  cooper-aot --config experiments/paper.py:qwen,cooper --topology v5e:4x4 \
       --config.mesh.fsdp=-1 --config.policy.micro_batch_size=64 --json
 
 Config and `--config.k=v` overrides are parsed by ml_collections' config_flags, as

@@ -5,13 +5,13 @@ Decode step (cooper_jax.aot.decode: XLA's bytes accessed per chip for one step, 
 parameter shards + KV cache per chip, their ratio, seconds per step at the chip's HBM bandwidth
 and the tokens/s that implies; a markdown table, then one JSON line). The paper's run:
 
-  python cooper_jax/cli/aot_decode.py --config experiments/paper.py:qwen,cooper --topology v5e:2x4 \
+  cooper-aot-decode --config experiments/paper.py:qwen,cooper --topology v5e:2x4 \
       --json_out results/aot/decode_qwen_cooper_v5e-2x4.jsonl
 
 MFU of the recorded policy_step rows (cooper_jax.aot.mfu; the config of each row is read from
 its "config" field, e.g. paper.py:qwen,cooper -> experiments/paper.py, else from --config):
 
-  python cooper_jax/cli/aot_decode.py --mfu_from results/aot/paper_all_v5e-2x4.jsonl
+  cooper-aot-decode --mfu_from results/aot/paper_all_v5e-2x4.jsonl
 
 Config and `--config.k=v` overrides are parsed by ml_collections' config_flags, as
 cooper_jax/cli/aot.py does. Needs libtpu for the compile (requirements.txt). Exit status: 0,

@@ -1,6 +1,6 @@
 """Export a training run's policy and RM as Hugging Face safetensors directories.
 
-  python cooper_jax/cli/export.py --run runs/qwen_cooper --out exports/qwen_cooper [--step 200] \
+  cooper-export --run runs/qwen_cooper --out exports/qwen_cooper [--step 200] \
       [--dtype bfloat16]
 
 Writes OUT/policy (`*ForCausalLM`: config.json, generation_config.json, model.safetensors,

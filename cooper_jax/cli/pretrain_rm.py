@@ -16,7 +16,7 @@ To get a deliberately weak RM (for reward-hacking runs), train it little: --step
 backbone learns the answer comparison only after ~300-400 updates: before that it is near the
 always-"wrong" base rate), or --max_examples 100.
 
-  python cooper_jax/cli/pretrain_rm.py --from_policy runs/small_task/policy \\
+  python -m cooper_jax.cli.pretrain_rm --from_policy runs/small_task/policy \\
       --questions runs/small_task/data/rm.jsonl --out runs/small_task/rm
 """
 
