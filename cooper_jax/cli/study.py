@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cooper_jax.cli import manifest
 from cooper_jax.cli import study_report as report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -400,9 +401,25 @@ def report_study(a, seeds, conditions, done, t0, t_build) -> dict:
   }
   atomic_write_json(out / "results.json", result)
   atomic_write_text(out / "table.md", table)
+  manifest.write(out, seeds=seeds, code_commit=_code_commit(), host=manifest.machine())
   print(table)
-  print(f"wrote {out}/table.md, results.json, examples.md and the figures ({wall / 60:.1f} min)")
+  print(
+    f"wrote {out}/table.md, results.json, examples.md, the figures and manifest.json "
+    f"({wall / 60:.1f} min); per-run files in {out}/runs/ (git-ignored)"
+  )
   return result
+
+
+def _code_commit() -> str | None:
+  """HEAD, with "+dirty" when tracked files differ from it (the study ran uncommitted code)."""
+  try:
+    head = subprocess.run(
+      ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+  except (OSError, subprocess.CalledProcessError):
+    return None
+  return head + ("+dirty" if dirty else "")
 
 
 def main(argv=None) -> dict | None:
