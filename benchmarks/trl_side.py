@@ -75,6 +75,8 @@ def grpo_config(c, steps: int) -> dict:
     raise ValueError(f"policy.loss.agg={loss.agg!r} has no TRL loss_type")
   if oc.schedule not in ("constant", "linear_warmup"):
     raise ValueError(f"policy.optim.schedule={oc.schedule!r}: only constant / linear_warmup map")
+  if oc.name != "adamw":
+    raise ValueError(f"policy.optim.name={oc.name!r}: only adamw maps (TRL's adamw_torch)")
   if p.ppo_mini_batch_size not in (0, r.prompts_per_step * r.group_size):
     raise ValueError("policy.ppo_mini_batch_size: TRL's update here is one whole-batch step")
   warm = int(oc.warmup_steps) if oc.schedule == "linear_warmup" else 0
@@ -95,10 +97,10 @@ def grpo_config(c, steps: int) -> dict:
     learning_rate=float(oc.lr),
     lr_scheduler_type="constant_with_warmup" if warm else "constant",
     warmup_steps=warm,
-    weight_decay=float(oc.weight_decay),
-    adam_beta1=float(oc.b1),
-    adam_beta2=float(oc.b2),
-    adam_epsilon=float(oc.eps),
+    weight_decay=float(oc.adamw.weight_decay),
+    adam_beta1=float(oc.adamw.b1),
+    adam_beta2=float(oc.adamw.b2),
+    adam_epsilon=float(oc.adamw.eps),
     max_grad_norm=float(oc.grad_clip),
     optim="adamw_torch",
     bf16=False,

@@ -77,6 +77,8 @@ def learner_config(c, steps: int) -> dict:
     oc.schedule == "linear_warmup" and oc.warmup_steps
   ):
     raise ValueError("policy.optim: only a constant lr maps (tunix runs the optax one as given)")
+  if oc.name != "adamw":
+    raise ValueError(f"policy.optim.name={oc.name!r}: only adamw maps (the peer's optax.adamw)")
   if p.ppo_mini_batch_size not in (0, r.prompts_per_step * r.group_size):
     raise ValueError("policy.ppo_mini_batch_size: tunix's update here is one whole-batch step")
   return dict(
@@ -106,10 +108,10 @@ def learner_config(c, steps: int) -> dict:
     ),
     optim=dict(
       lr=float(oc.lr),
-      b1=float(oc.b1),
-      b2=float(oc.b2),
-      eps=float(oc.eps),
-      weight_decay=float(oc.weight_decay),
+      b1=float(oc.adamw.b1),
+      b2=float(oc.adamw.b2),
+      eps=float(oc.adamw.eps),
+      weight_decay=float(oc.adamw.weight_decay),
       grad_clip=float(oc.grad_clip),
     ),
   )

@@ -16,16 +16,20 @@ from ml_collections import config_dict
 
 from cooper_jax import registry
 from cooper_jax.models import REMAT_CHOICES
-from cooper_jax.optim import SCHEDULES
+from cooper_jax.optim import OPTIMIZERS, SCHEDULES, hyperparameters
 from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
 DECODE_WEIGHTS = ("sharded", "replicated", "mlp_split")  # rollout / pairs.assistant_decode_weights
 
 
-def optim_config(lr: float, warmup_steps: int = 20) -> ml_collections.ConfigDict:
-  """AdamW as the reference code: wd 0.01, clip 1.0, linear warm-up then constant."""
-  return ml_collections.ConfigDict(
+def optim_config(lr: float, warmup_steps: int = 20, name: str = "adamw", **hp):
+  """The reference code's optimizer by default: AdamW (b1 0.9, b2 0.999, eps 1e-8, wd 0.01),
+  clip 1.0, linear warm-up then constant. name: one of optim.OPTIMIZERS; every optimizer's
+  hyperparameters are present as optim.<name>.<key> (their defaults), so each can be set from
+  the command line; hp: the named optimizer's, e.g. optim_config(1e-4, b2=0.95)."""
+  c = ml_collections.ConfigDict(
     dict(
+      name=name,
       lr=lr,
       schedule="linear_warmup",
       warmup_steps=warmup_steps,
@@ -33,13 +37,17 @@ def optim_config(lr: float, warmup_steps: int = 20) -> ml_collections.ConfigDict
       # place, optim.make_schedule), so --config.train.steps=500 moves the decay with it.
       total_steps=config_dict.placeholder(int),
       end_lr_frac=0.0,
-      b1=0.9,
-      b2=0.999,
-      eps=1e-8,
-      weight_decay=0.01,
       grad_clip=1.0,
+      **{opt: dict(spec.defaults) for opt, spec in OPTIMIZERS.items()},
     )
   )
+  if name not in OPTIMIZERS:
+    raise ValueError(f"optim name={name!r}: expected one of {', '.join(sorted(OPTIMIZERS))}")
+  for key, value in hp.items():
+    if key not in c[name]:
+      raise ValueError(f"optim_config: {key!r} is not a hyperparameter of {name}")
+    c[name][key] = value
+  return c
 
 
 def random_model_config() -> ml_collections.ConfigDict:
@@ -427,6 +435,8 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       raise ValueError(
         f"config.{name}.optim.schedule={c[name].optim.schedule!r}: expected one of {SCHEDULES}"
       )
+    # The optimizer's name, its hyperparameters' keys, types and ranges (optim.OPTIMIZERS).
+    hyperparameters(c[name].optim, f"config.{name}.optim")
   if c.policy.loss.kl_coef < 0:
     raise ValueError("config.policy.loss.kl_coef must be >= 0")
   if c.policy.loss.kl_kind not in ("k1", "k2", "k3", "low_var_kl"):

@@ -20,6 +20,8 @@ import jax
 import ml_collections
 import numpy as np
 
+from cooper_jax.config import optim_config
+
 Batch = Mapping[str, Any]
 Step = Callable[[Any, Batch], tuple[Any, Mapping[str, Any]]]
 
@@ -32,20 +34,9 @@ def adamw_warmup_cosine(
   The small-task pretraining recipe shared by SFT and RM pretraining; RL optimisers come from
   the experiment configs instead.
   """
-  return ml_collections.ConfigDict(
-    dict(
-      lr=lr,
-      schedule="warmup_cosine",
-      warmup_steps=warmup_steps,
-      total_steps=total_steps,
-      end_lr_frac=0.1,
-      b1=0.9,
-      b2=0.95,
-      eps=1e-8,
-      weight_decay=0.01,
-      grad_clip=1.0,
-    )
-  )
+  oc = optim_config(lr, warmup_steps, "adamw", b2=0.95)
+  oc.update(schedule="warmup_cosine", total_steps=total_steps, end_lr_frac=0.1)
+  return oc
 
 
 def epoch_order(rng: np.random.Generator, n_rows: int, steps: int, batch_size: int) -> np.ndarray:

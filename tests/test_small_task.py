@@ -194,8 +194,8 @@ def test_sft_loss_matches_hand_computed_ce(tok, rows, tiny):
 
 def test_sft_step_decreases_loss(tok, rows, tiny):
   cfg, params = tiny
-  oc = optim_config(1e-2, warmup_steps=0)
-  oc.update(schedule="constant", b2=0.95, weight_decay=0.0)
+  oc = optim_config(1e-2, warmup_steps=0, b2=0.95, weight_decay=0.0)
+  oc.schedule = "constant"
   opt = optim.make_optimizer(oc)
   mesh = sharding.make_mesh(1, 1, 1)
   # A copy of the host params: the step donates its state.

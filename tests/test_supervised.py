@@ -130,7 +130,9 @@ def test_one_compile_per_width_from_the_live_state():
 
 def test_adamw_warmup_cosine_recipe():
   oc = adamw_warmup_cosine(1e-2, 5, 100)
-  assert (oc.schedule, oc.b1, oc.b2, oc.eps, oc.weight_decay, oc.grad_clip) == (
+  a = oc.adamw
+  assert (oc.name, oc.schedule, a.b1, a.b2, a.eps, a.weight_decay, oc.grad_clip) == (
+    "adamw",
     "warmup_cosine",
     0.9,
     0.95,
