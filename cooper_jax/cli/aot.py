@@ -5,6 +5,9 @@ per-chip memory, whether it fits, FLOPs, bytes and a roofline time for every jit
   cooper-aot --config experiments/paper.py:qwen,cooper --topology v5e:4x4 \
       --config.mesh.fsdp=-1 --config.policy.micro_batch_size=64 --json
 
+Bytes are HBM bytes, counted with v5e's VMEM prefetching off: the tool adds
+`--xla_vf_vmem_memory_space_assignment=false` to LIBTPU_INIT_ARGS unless that already holds an
+xla_vf_vmem setting, and says which count it used (the header; "hbm_count" in each JSON row).
 Config and `--config.k=v` overrides are parsed by ml_collections' config_flags, as
 cooper_jax.train does. Needs libtpu (requirements.txt). Exit status: 0 all fit, 1 something does
 not fit, 2 bad topology or config. Library: the cooper_jax.aot package.
@@ -20,6 +23,11 @@ import sys
 # set before jax is imported.
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# Bytes counted as HBM bytes (v5e VMEM prefetching off), as docs/tpu.md counts them, unless
+# LIBTPU_INIT_ARGS already holds an xla_vf_vmem setting; libtpu reads it when it starts.
+from cooper_jax.cli.hbm_count import hbm_count_kind, use_hbm_count  # noqa: E402
+
+HBM_COUNT = use_hbm_count()
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -99,13 +107,14 @@ def main() -> int:
   except (aot.TopologyError, aot.ConfigError, ValueError) as e:
     print(f"aot_compile: {e}", file=sys.stderr)
     return 2
-  lines = [json.dumps(r.row()) for r in report.results]
+  lines = [json.dumps({**r.row(), "hbm_count": hbm_count_kind()}) for r in report.results]
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
       f.write("".join(line + "\n" for line in lines))
   if _JSON.value:
     print("\n".join(lines))
   else:
+    print(HBM_COUNT)
     print(report.header())
     print(format_table(report.results))
   return 0 if all(r.fits for r in report.results) else 1

@@ -13,6 +13,9 @@ its "config" field, e.g. paper.py:qwen,cooper -> experiments/paper.py, else from
 
   cooper-aot-decode --mfu_from results/aot/paper_all_v5e-2x4.jsonl
 
+Bytes are HBM bytes, counted with v5e's VMEM prefetching off: the tool adds
+`--xla_vf_vmem_memory_space_assignment=false` to LIBTPU_INIT_ARGS unless that already holds an
+xla_vf_vmem setting, and says which count it used (printed first; "hbm_count" in the JSON row).
 Config and `--config.k=v` overrides are parsed by ml_collections' config_flags, as
 cooper_jax/cli/aot.py does. Needs libtpu for the compile (requirements.txt). Exit status: 0,
 2 bad topology, config or flags.
@@ -31,6 +34,11 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+# Bytes counted as HBM bytes (v5e VMEM prefetching off), as docs/tpu.md counts them, unless
+# LIBTPU_INIT_ARGS already holds an xla_vf_vmem setting; libtpu reads it when it starts.
+from cooper_jax.cli.hbm_count import hbm_count_kind, use_hbm_count  # noqa: E402
+
+HBM_COUNT = use_hbm_count()
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -111,8 +119,9 @@ def main() -> int:
     except (aot.TopologyError, aot.ConfigError, ValueError) as e:
       print(f"aot_decode: {e}", file=sys.stderr)
       return 2
+    print(HBM_COUNT)
     print(decode.format_decode(r))
-    lines.append(json.dumps(r.row()))
+    lines.append(json.dumps({**r.row(), "hbm_count": hbm_count_kind()}))
     print(lines[-1])
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
