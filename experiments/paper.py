@@ -3,11 +3,15 @@ Llama-3.2-1B-Instruct policy, VerifyRM on Qwen2.5-Math-1.5B-Instruct, G=16, temp
 512/512 prompt/response tokens, policy AdamW lr 1e-6 (20 warm-up steps), RM lr 1e-5, k3 KL 0.001.
 
   python -m cooper_jax.train --config experiments/paper.py:qwen,cooper --workdir runs/qwen_cooper \
-      --config.policy.model=/ckpts/Qwen2.5-1.5B-Instruct --config.rm.model=/ckpts/VerifyRM
+      --config.policy.model=/ckpts/Qwen2.5-1.5B-Instruct --config.rm.model=/ckpts/VerifyRM \
+      --config.pairs.assistant_model=/ckpts/Qwen2.5-7B-Instruct
 
-arg = "<policy>,<mode>": policy in {qwen, llama}; mode in {rule, static_rm, cooper}. Model
-fields are Hugging Face directories (or hub ids where a hub is reachable); the RM directory is
-a trained reference-based RM (Qwen2ForSequenceClassification, num_labels=1).
+arg = "<policy>,<mode>": policy in {qwen, llama}; mode in {rule, static_rm, cooper}. The three
+model fields (policy.model, rm.model, pairs.assistant_model) are Hugging Face directories, or
+hub ids where a hub is reachable; on a TPU slice give each host local copies (BUILD.md's recipe;
+tests/test_docs.py fails if a model field here is left without an override in its launch line).
+The RM directory is a trained reference-based RM (Qwen2ForSequenceClassification, num_labels=1),
+made by the pipeline's annotation and RM stages (cooper_jax/cli/pipeline.py).
 """
 
 from cooper_jax.config import base_config
@@ -46,7 +50,7 @@ def get_config(arg: str = "qwen,cooper"):
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
   # Sizes that fit the 8-device slices with ~16 GiB HBM per device (v5e-8: 15.75 GiB usable
   # per chip; v4-8: 15.25 per TensorCore, 2 per chip), compiled ahead of time with
-  # cooper_jax/cli/aot.py (BUILD.md, "Paper configs on TPU"). What stays resident is ~6.8 GiB
+  # cooper-aot (docs/tpu.md). What stays resident is ~6.8 GiB
   # per device for qwen,cooper (policy fp32 params + AdamW moments 2.16, reference 0.72, RM
   # state 2.16, bf16 assistant 1.77), so a function gets ~9 GiB. All sizes are global rows,
   # multiples of the 8 data x fsdp devices that divide the batch, so the next size up is 2x:
@@ -68,7 +72,7 @@ def get_config(arg: str = "qwen,cooper"):
   #   prompts per step, cap it at 1024 rows per call (512 rows: 10.3 GiB).
   # (v5e-8 figures; v4-8's are within 0.5 GiB of them; v5p-8 has 95.7 GiB per chip.)
   # More passes cost time only through weight reads (each pass re-gathers the weights; FLOPs
-  # are the same): policy_step/ref/reward stay near their one-shot roofline (BUILD.md); every
+  # are the same): policy_step/ref/reward stay near their one-shot roofline (docs/tpu.md); every
   # extra sampler call would re-read them at each of its 512 decode steps (4 calls of 256
   # rows: 18.6 s roofline on v5e-8 against 7.0 s for one call).
   c.policy.micro_batch_size = 32
@@ -85,22 +89,22 @@ def get_config(arg: str = "qwen,cooper"):
   # The decode's bf16 weight copy replicated on every chip, gathered once per sampler call:
   # each decode step then runs on its own rows with no collective and reads 8.80 GB per chip
   # (11.69 with the copy fsdp-sharded, which also all-reduces [1024, 8960] MLP activations per
-  # layer over ICI), both with v5e's VMEM prefetching off so every byte is an HBM byte (BUILD.md).
+  # layer over ICI), both with v5e's VMEM prefetching off so every byte is an HBM byte (docs/tpu.md).
   # Sampler 14.47 GiB resident on v5e-8 (13.01 sharded).
   c.rollout.decode_weights = "replicated"
   # Each prompt's keys/values held once for its 16 rows and read once per decode step
   # (transformer.attend_shared_prompt): the prompts' part of the cache 1/16, the decode step's
-  # XLA bytes per chip 7.95 -> 6.03 GB averaged over the decode on v5e:2x4 (BUILD.md).
+  # XLA bytes per chip 7.95 -> 6.03 GB averaged over the decode on v5e:2x4 (docs/tpu.md).
   c.rollout.shared_prompt_decode = True
   # Each step's token and log-prob from one pass over the [128, 151936] float32 logits per chip
   # (sampling.draw_one_pass) instead of four passes and a gather: the decode step's XLA bytes
-  # per chip 6.87 -> 6.63 GB at the whole cache on v5e:2x4 (BUILD.md).
+  # per chip 6.87 -> 6.63 GB at the whole cache on v5e:2x4 (docs/tpu.md).
   c.rollout.one_pass_draw = True
   c.pairs.assistant_dtype = "bfloat16"  # 7B: 1.8 GiB per chip sharded, 3.5 in float32
   # The assistant's MLP split by its hidden columns over every chip for its decode, the rest as
   # its params are (sharding.MLPSplit): each step all-reduces one [64, 3584] per layer instead
   # of the [64, 18944] partial sums of gate and up, so its bytes fall with the slice. Per chip
   # per step, prefetching off: 3.46 -> 3.07 GB on v5e:2x4 (1.32x -> 1.18x the floor), 2.07 ->
-  # 1.69 GB on v5e:4x4 (1.59x -> 1.29x) (BUILD.md).
+  # 1.69 GB on v5e:4x4 (1.59x -> 1.29x) (docs/tpu.md).
   c.pairs.assistant_decode_weights = "mlp_split"
   return c
