@@ -144,7 +144,8 @@ def _config(a, mode: str, seed: int):
   cpus = os.environ.get(PIN_ENV, "")
   if cpus and "," not in cpus:
     # A job pinned to one core: the RM update's thread (train.overlap_rm_update) would only
-    # share it with the sampler (0.674 against 0.640 s a step; BUILD.md). The same numbers.
+    # share it with the sampler (0.674 against 0.640 s a step; docs/log.md, 2026-12-06). The same
+    # numbers.
     c.train.overlap_rm_update = False
   return c
 
@@ -249,7 +250,7 @@ def job_cores(jobs: int) -> list[set[int]] | None:
   affinity (round robin), and the child's verifier workers inherit it. Unpinned, each job's XLA
   runtime still starts threads for every core and the two jobs fight over both: on the 2-core
   VM, two Cooper runs side by side, pinned vs unpinned at the same hour, took 14-28% less time
-  a step (BUILD.md, "Parallel study jobs"). XLA compiles for the CPUs it sees, so a pinned run's
+  a step (docs/log.md, 2026-12-05, "study jobs pinned"). XLA compiles for the CPUs it sees, so a pinned run's
   floats differ from an unpinned one's (by ~1e-8 from step 1) and no longer depend on the
   machine's core count. None: one job, or no affinity API (not Linux)."""
   if jobs <= 1 or not hasattr(os, "sched_getaffinity"):
