@@ -268,6 +268,11 @@ def base_config() -> ml_collections.ConfigDict:
     # Rollouts written to <workdir>/rollouts.jsonl per step (question, reference, response,
     # rule verdict, reward): the first N of the step's batch (the primary's rows); 0 = none.
     save_rollouts=8,
+    # A restart whose config differs from the run's record (<workdir>/starts/) is refused,
+    # naming each key, unless this is True; keys that change no step's numbers may always
+    # differ (cooper_jax/run_records.py MAY_DIFFER: stop_after, checkpoint and eval cadence,
+    # what is saved, overlap_rm_update, verifier.workers, distributed).
+    allow_config_change=False,
   )
 
   # The JAX distributed runtime (cooper_jax/distributed.py). "auto": joins when a coordinator
@@ -419,6 +424,10 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError(
       f"config.train.stop_after must be an int in [0, train.steps={c.train.steps}] "
       f"(0: run every step), got {stop!r}"
+    )
+  if not isinstance(c.train.get("allow_config_change", False), bool):
+    raise ValueError(
+      f"config.train.allow_config_change must be True or False, got {c.train.allow_config_change!r}"
     )
   if not isinstance(c.train.save_rollouts, int) or c.train.save_rollouts < 0:
     raise ValueError(

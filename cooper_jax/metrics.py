@@ -6,9 +6,11 @@ import json
 import logging
 import math
 import os
+import struct
 
 import numpy as np
 
+from cooper_jax.io import atomic_write
 from cooper_jax.paths import as_path, is_remote, write_text
 from cooper_jax.stats import precision_recall
 
@@ -99,8 +101,48 @@ class JsonlLog:
       self.file.close()
 
 
+def _event_records(data: bytes) -> list[tuple[int, bytes]]:
+  """(step, raw record) of each whole record of a TensorBoard event file (TFRecord framing:
+  uint64 length, uint32 crc, data, uint32 crc); a record cut short by a kill ends the list."""
+  from tensorboardX.proto.event_pb2 import Event  # pylint: disable=import-outside-toplevel
+
+  out, pos = [], 0
+  while pos + 12 <= len(data):
+    (n,) = struct.unpack("<Q", data[pos : pos + 8])
+    end = pos + 12 + n + 4
+    if end > len(data):
+      break
+    out.append((Event.FromString(data[pos + 12 : pos + 12 + n]).step, data[pos:end]))
+    pos = end
+  return out
+
+
+def truncate_events(tb_dir, resume_step: int) -> int:
+  """Drops the events of steps after resume_step from every event file in tb_dir (each file
+  rewritten whole), so a resumed run's curves hold each step once, as metrics.jsonl does.
+  Returns how many events were dropped."""
+  tb_dir = as_path(tb_dir)
+  if not tb_dir.exists():
+    return 0
+  dropped = 0
+  for path in sorted(tb_dir.iterdir()):
+    if "tfevents" not in path.name:
+      continue
+    records = _event_records(path.read_bytes())
+    keep = b"".join(r for step, r in records if step <= resume_step)
+    if len(keep) == path.stat().length:
+      continue
+    dropped += sum(step > resume_step for step, _ in records)
+    if is_remote(path):
+      path.write_bytes(keep)
+    else:
+      atomic_write(os.fspath(path), lambda f, b=keep: f.write(b), mode="wb")
+  return dropped
+
+
 class MetricsWriter:
-  """One JSON object per step in metrics.jsonl (`JsonlLog`), scalars mirrored to TensorBoard."""
+  """One JSON object per step in metrics.jsonl (`JsonlLog`), scalars mirrored to TensorBoard.
+  On resume both are cut back to resume_step first (`truncate_events`)."""
 
   def __init__(self, workdir: str | os.PathLike, resume_step: int = 0, active: bool = True):
     self.active = active
@@ -111,7 +153,13 @@ class MetricsWriter:
     try:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
 
-      self.tb = SummaryWriter(str(as_path(workdir) / "tensorboard"))
+      tb_dir = as_path(workdir) / "tensorboard"
+      n = truncate_events(tb_dir, resume_step)
+      if n:
+        logging.info("tensorboard: %d events after step %d dropped", n, resume_step)
+      # Named by pid too: the file name has the time in seconds, and a restart within the
+      # second would otherwise open (and empty) the previous start's file.
+      self.tb = SummaryWriter(str(tb_dir), filename_suffix=f".{os.getpid()}.{resume_step}")
     except Exception as e:  # noqa: BLE001 - no tensorboardX, or no writer for this scheme
       logging.warning("no TensorBoard logs (%s: %s); metrics.jsonl has everything", type(e), e)
 

@@ -34,13 +34,13 @@ from tqdm.auto import tqdm
 
 from cooper_jax import config as config_lib
 from cooper_jax import distributed as dist
-from cooper_jax import losses, merge, optim, sharding, steps
+from cooper_jax import losses, merge, optim, run_records, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa
 from cooper_jax.evaluate import evaluate_model
 from cooper_jax.host_platform import use_compilation_cache
 from cooper_jax.metrics import JsonlLog, MetricsWriter, progress_line
-from cooper_jax.paths import as_path, write_text
+from cooper_jax.paths import as_path
 from cooper_jax.prompts import build_prompts
 from cooper_jax.reward_modes import Rollouts, make_reward_mode
 from cooper_jax.rewards.verify import RuleVerifier
@@ -56,8 +56,13 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "where metrics and checkpoints g
 _STOP = {"requested": False}
 
 
-def _on_sigterm(signum, frame):  # pylint: disable=unused-argument
-  logging.warning("signal %d: will checkpoint after this step and exit", signum)
+def _on_stop_signal(signum, frame):  # pylint: disable=unused-argument
+  """SIGTERM (a preemption) and SIGINT (Ctrl-C): finish this step, checkpoint, exit 0. A second
+  Ctrl-C stops at once, without the checkpoint."""
+  if signum == signal.SIGINT and _STOP["requested"]:
+    raise KeyboardInterrupt
+  name = signal.Signals(signum).name
+  logging.warning("%s: will checkpoint after this step and exit (Ctrl-C again: now)", name)
   _STOP["requested"] = True
 
 
@@ -70,10 +75,9 @@ class Run:
     config_lib.validate(c, jax.device_count())
     config_lib.validate_processes(c, dist.process_count())
     self.c, self.workdir = c, as_path(workdir)
-    if dist.is_primary():
-      self.workdir.mkdir(parents=True, exist_ok=True)
-      write_text(self.workdir / "config.json", c.to_json_best_effort(indent=1))
-    dist.barrier("cooper_workdir")
+    # A start that cannot run fails before it writes anything: the config against the run's
+    # record first, then models, plug-ins and data load; the workdir is written after.
+    self.config_changes = run_records.check_restart(c, self.workdir)
     self.mesh = sharding.make_mesh(**c.mesh)
     self.group = c.rollout.group_size
     # Rows per shared prompt in the policy batches: `rollout` returns each prompt's G rows
@@ -138,6 +142,9 @@ class Run:
       self.eval_rows, _ = load_qa(c.data.eval, limit=c.data.eval_limit or None, **dk)
     self.iterator = PromptIterator(self.train_rows, seed=c.seed)
 
+    if dist.is_primary():
+      self.workdir.mkdir(parents=True, exist_ok=True)
+    dist.barrier("cooper_workdir")
     self.store = CheckpointStore(
       self.workdir / "checkpoints", c.train.max_to_keep, async_save=c.train.async_checkpoint
     )
@@ -148,6 +155,9 @@ class Run:
       self.iterator.load_state_dict(meta["data_iterator"])
       self.step = int(meta["step"])
       logging.info("resumed from %s at step %d", self.store.directory, self.step)
+      if self.config_changes is None:
+        logging.warning("%s has no config record: this config is not compared", self.workdir)
+    self.start_record = run_records.write_start(c, self.workdir, self.step, self.config_changes)
     self.writer = MetricsWriter(self.workdir, resume_step=self.step, active=dist.is_primary())
     self.rollout_log = JsonlLog(
       self.workdir / "rollouts.jsonl",
@@ -452,7 +462,8 @@ class Run:
 def train(c, workdir: str, reward=None) -> Run:
   run = Run(c, workdir, reward)
   _STOP["requested"] = False  # a stop honoured by an earlier train() in this process is spent
-  prev = signal.signal(signal.SIGTERM, _on_sigterm)
+  stop_signals = (signal.SIGTERM, signal.SIGINT)
+  prev = {s: signal.signal(s, _on_stop_signal) for s in stop_signals}
   try:
     total = c.train.get("stop_after", 0) or c.train.steps  # the schedules span train.steps
     if c.train.eval_every and run.step == 0:
@@ -507,7 +518,8 @@ def train(c, workdir: str, reward=None) -> Run:
       log(*waiting)
     bar.close()
   finally:
-    signal.signal(signal.SIGTERM, prev)
+    for s, handler in prev.items():
+      signal.signal(s, handler)
     run.close()
   if dist.is_primary():
     print(
@@ -548,7 +560,10 @@ def main(argv):
   # Orbax logs every save step at INFO; keep the run's own INFO lines readable.
   for handler in logging.getLogger().handlers:
     handler.addFilter(lambda r: "/orbax/" not in r.pathname or r.levelno >= logging.WARNING)
-  train(_CONFIG.value, _WORKDIR.value)
+  try:
+    train(_CONFIG.value, _WORKDIR.value)
+  except run_records.ConfigChanged as e:  # a user's choice to make, not a crash: no traceback
+    raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -178,14 +178,15 @@ def test_sigterm_to_one_process_stops_all_at_one_step(tmp_path):
 
 def test_corrupt_newest_step_is_moved_aside_and_saved_again(tmp_path):
   workdir = tmp_path / "corrupt"
-  _run(workdir, 1, 1, "--config.train.checkpoint_every=1", steps=3)
+  every = "--config.train.checkpoint_every=1"
+  _run(workdir, 1, 1, every, "--config.train.stop_after=3", steps=4)  # the run's first 3 steps
   first = read_metrics(workdir)
   victim = max(
     (f for f in (workdir / "checkpoints" / "3").rglob("*") if f.is_file()),
     key=lambda f: f.stat().st_size,
   )
   victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-  _run(workdir, 1, 1, "--config.train.checkpoint_every=1", steps=4)
+  _run(workdir, 1, 1, every, steps=4)
   log = _log(workdir, 0)
   aside = list((workdir / "checkpoints.corrupt").iterdir())
   assert [p.name.split("-")[0] for p in aside] == ["3"]

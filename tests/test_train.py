@@ -45,7 +45,7 @@ def _train(workdir, *overrides, steps=4, timeout=600, wait=True):
 def test_resume_is_exact(tmp_path):
   straight, split = tmp_path / "straight", tmp_path / "split"
   _train(straight, steps=4)
-  _train(split, steps=2)  # process exits after step 2 (checkpoint_every=2)
+  _train(split, "--config.train.stop_after=2", steps=4)  # exits after step 2, checkpointed
   p = _train(split, steps=4)  # a new process resumes at step 2
   assert "resumed from" in p.stderr
   a, b = read_metrics(straight), read_metrics(split)
@@ -173,7 +173,7 @@ def test_ppo_epochs_and_mini_batches(tmp_path):
 def test_static_rm_holds_no_optimizer_state_and_resumes(tmp_path):
   """A frozen RM keeps no AdamW moments (two copies of the RM on the device) and a run with
   it checkpoints and resumes."""
-  _train(tmp_path, "--config.reward_mode=static_rm", steps=1)
+  _train(tmp_path, "--config.reward_mode=static_rm", "--config.train.stop_after=1", steps=2)
   p = _train(tmp_path, "--config.reward_mode=static_rm", steps=2)
   assert "resumed from" in p.stderr
   _, state = final_params(tmp_path)
