@@ -1,20 +1,23 @@
 """The small verifiable arithmetic task (cooper_jax/tasks/arith.py) for fast research on CPU.
 
 Its artifacts ship in experiments/assets/small_task (how they were made: its README.md):
-  policy/   SFT policy (tools/sft_small_policy.py), an HF dir with its tokenizer (0.23M params)
-  rm/       reference-based RM (tools/pretrain_rm.py) trained on that policy's rollouts
+  policy/   SFT policy (tools/assets/sft_small_policy.py), an HF dir with its tokenizer (0.23M params)
+  rm/       reference-based RM (cooper_jax/cli/pretrain_rm.py) trained on that policy's rollouts
   data/     train / test splits and held-out RM pairs (JSONL)
 
   python -m cooper_jax.train --config experiments/small_task.py:cooper --workdir runs/st_cooper
 
-arg = "<condition>[,<workdir>]"; workdir: artifacts rebuilt elsewhere (tools/run_study.py
---workdir), default the shipped ones. Conditions:
+arg: "[cond=]<condition>[,[work=]<dir>][,policy=small|wide]", named or positional (the
+positional "<condition>,<workdir>" of recorded commands reads as before). work: the artifacts
+rebuilt elsewhere (cooper_jax/cli/study.py --workdir), default the shipped ones. policy=wide:
+the Evidence III testbed, what experiments/small_task_wide.py gives (see its docstring): the
+0.86M policy_wide/, lr 2e-4, a cosine schedule for both models, 300 steps, evaluation every 20:
+  python -m cooper_jax.train --config experiments/small_task.py:cond=cooper_weak_rewrite,policy=wide \\
+      --workdir runs/wide_cooper
+
+Conditions:
   rule, static_rm, cooper       the paper's three (cooper: perturb negatives, RM lr 10x the policy's)
   rule_chain                    control: the rule reward only where every line is also right
-
-The RM's lr is a multiple of the policy's (an ml_collections reference), so a policy-lr override
-moves it too: `--set policy.optim.lr=6e-4` gives cooper 6e-3 and cooper_rmlr3x 1.8e-3. Setting
-rm.optim.lr explicitly replaces the multiple.
   cooper_rewrite                cooper with the paper's llm_rewrite negatives (the shipped assistant)
   cooper_rewrite_rmlr1x         ... with the RM's lr at 1x the policy's
   cooper_rmlr{1,3,30}x          the RM's lr at 1x / 3x / 30x the policy's
@@ -34,18 +37,23 @@ rm.optim.lr explicitly replaces the multiple.
   cooper_k4                     beyond the paper: 4 RM steps per policy step on the step's pairs
   static_rm_nostd               control: static_rm with advantages not divided by the group std
                                 (separates drift on std-amplified noise from hacking)
+
+The RM's lr is a multiple of the policy's (an ml_collections reference), so a policy-lr override
+moves it too: `--config.policy.optim.lr=6e-4` (cooper-study: `--set policy.optim.lr=6e-4`) gives
+cooper 6e-3 and cooper_rmlr3x 1.8e-3. Setting rm.optim.lr explicitly replaces the multiple.
 """
 
 from pathlib import Path
 
 from cooper_jax.config import base_config
+from experiments import parse_arg
 
 SHIPPED = Path(__file__).resolve().parent / "assets" / "small_task"
 
 # Values may name the artifacts directory as {work}.
 PLANTED = {"rm.model": "{work}/rm_planted"}
 WEAK = {"rm.model": "{work}/rm_weak"}
-# The paper's negative generator: the small task's assistant (tools/train_small_rewriter.py)
+# The paper's negative generator: the small task's assistant (tools/assets/train_small_rewriter.py)
 # rewrites the positive, sampled by the same compiled sampler, accepted when math-verify says
 # its answer differs, up to pairs.max_tries tries.
 REWRITE = {
@@ -107,11 +115,20 @@ CONDITIONS = {
 }
 
 
+POLICIES = ("small", "wide")
+
+
 def get_config(arg: str = "cooper"):
-  parts = (arg or "cooper").split(",")
-  name, work = parts[0], (parts[1] if len(parts) > 1 else str(SHIPPED))
+  a = parse_arg(arg, ("cond", "work", "policy"))
+  name, work, policy = (
+    a.get("cond", "cooper"),
+    a.get("work", str(SHIPPED)),
+    a.get("policy", "small"),
+  )
   if name not in CONDITIONS:
     raise ValueError(f"small_task condition {name!r}: expected one of {sorted(CONDITIONS)}")
+  if policy not in POLICIES:
+    raise ValueError(f"small_task policy={policy!r}: expected one of {POLICIES}")
   mode, overrides = CONDITIONS[name]
   c = base_config()
   c.reward_mode = mode
@@ -179,4 +196,10 @@ def get_config(arg: str = "cooper"):
     for part in section.split("."):
       node = node[part]
     node[field] = value.format(work=work) if isinstance(value, str) else value
+  if policy == "wide":  # why these settings: experiments/small_task_wide.py
+    c.policy.model = str(Path(work) / "policy_wide")
+    c.policy.optim.lr = 2e-4  # a reference: the RM's lr (a multiple of it) follows
+    c.policy.optim.schedule = c.rm.optim.schedule = "warmup_cosine"
+    c.train.steps = 300  # the optimizers' total_steps follow it
+    c.train.eval_every = 20
   return c

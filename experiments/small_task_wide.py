@@ -1,9 +1,10 @@
 """The small task's Evidence III testbed: a 4x wider policy, lr 2e-4, 300 steps, cosine lr.
 
-The conditions, data, RMs and assistant are experiments/small_task.py's (see its docstring);
-what changes is the policy and the schedule:
+experiments/small_task.py with policy=wide (the same config; this file keeps the recorded
+commands, `small_task_wide.py:<condition>[,<workdir>]`, working). The conditions, data, RMs and
+assistant are small_task.py's (see its docstring); what changes is the policy and the schedule:
   policy_wide/  d_model 128 (0.86M parameters), SFT'd like policy/ on the same data
-                (tools/sft_small_policy.py --d_model 128; experiments/assets/small_task/README.md)
+                (tools/assets/sft_small_policy.py --d_model 128; experiments/assets/small_task/README.md)
   lr 2e-4 with a 20-step warm-up, then a cosine to 0 over 300 steps (the RM's schedule too;
   its lr stays the condition's multiple of the policy's, 10x for cooper).
 
@@ -16,25 +17,17 @@ RM lr 10x); ablations cooper_weak_rewrite_rmlr{1,3,30}x and cooper_weak_onpolicy
 
   python -m cooper_jax.train --config experiments/small_task_wide.py:cooper_weak_rewrite \\
       --workdir runs/wide_cooper
-arg = "<condition>[,<workdir>]" as small_task.py's; the workdir holds policy_wide/.
+arg: small_task.py's (named or positional), default condition cooper_weak_rewrite.
 """
 
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location(
-  "_experiments_small_task", Path(__file__).with_name("small_task.py")
-)
-small_task = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(small_task)
+from experiments import parse_arg, small_task
 
 
-def get_config(arg: str = "cooper_weak_rewrite"):
-  c = small_task.get_config(arg or "cooper_weak_rewrite")
-  c.policy.model = str(Path(c.policy.model).with_name("policy_wide"))  # beside <work>/policy
-  c.policy.optim.lr = 2e-4  # a reference: the RM's lr (a multiple of it) follows
-  c.policy.optim.schedule = "warmup_cosine"
-  c.rm.optim.schedule = "warmup_cosine"
-  c.train.steps = 300  # the optimizers' total_steps follow it
-  c.train.eval_every = 20
-  return c
+def get_config(arg: str = ""):
+  a = parse_arg(arg, ("cond", "work", "policy"))
+  if a.setdefault("policy", "wide") != "wide":
+    raise ValueError(
+      f"small_task_wide.py is policy=wide; for policy={a['policy']} use small_task.py"
+    )
+  a.setdefault("cond", "cooper_weak_rewrite")
+  return small_task.get_config(",".join(f"{k}={v}" for k, v in a.items()))

@@ -124,9 +124,11 @@ def test_small_task_rm_lr_is_a_multiple_of_the_policy_lr(cond, ratio):
 
 @pytest.mark.parametrize("cond", ["rule", "static_rm_weak", "cooper_weak_rewrite"])
 def test_small_task_wide_is_small_task_with_the_wide_policy_and_its_schedule(cond):
-  """small_task_wide.py = small_task.py + the wider policy, lr 2e-4, cosine, 300 steps: the
-  settings results/wide_study ran as small_task.py overrides."""
+  """small_task_wide.py:<cond> = small_task.py:cond=<cond>,policy=wide = small_task.py + the
+  wider policy, lr 2e-4, cosine, 300 steps, evaluation every 20: the settings results/wide_study
+  ran as small_task.py overrides (written out here by hand)."""
   wide = config_lib.load_config(f"{ROOT}/experiments/small_task_wide.py:{cond}")
+  named = config_lib.load_config(f"{ROOT}/experiments/small_task.py:cond={cond},policy=wide")
   base = config_lib.load_config(
     f"{ROOT}/experiments/small_task.py:{cond}",
     [
@@ -137,10 +139,70 @@ def test_small_task_wide_is_small_task_with_the_wide_policy_and_its_schedule(con
       "train.eval_every=20",
     ],
   )
-  assert wide.policy.model.endswith("small_task/policy_wide")
+  assert wide.policy.model == str(ROOT / "experiments/assets/small_task/policy_wide")
   assert (Path(wide.policy.model) / "model.safetensors").is_file()
+  assert named.to_dict() == wide.to_dict()
   base.policy.model = wide.policy.model
   assert wide.to_dict() == base.to_dict()
   if cond.startswith("cooper"):  # the paper's ratio, following the policy's lr
     assert wide.rm.optim.lr == pytest.approx(2e-3, rel=1e-12)
     assert wide.rm.model.endswith("small_task/rm_weak")
+    for c in (wide, named):  # still a reference: a policy-lr override moves the RM's
+      c.policy.optim.lr = 3e-4
+      assert c.rm.optim.lr == pytest.approx(3e-3, rel=1e-12)
+
+
+def test_small_task_args_named_or_positional(tmp_path):
+  """The positional "<condition>,<workdir>" of recorded commands and cooper-study's jobs reads
+  as the named form; a wrong name is an error listing the names."""
+  st, wide = f"{ROOT}/experiments/small_task.py", f"{ROOT}/experiments/small_task_wide.py"
+  load = lambda spec: config_lib.load_config(spec).to_dict()
+  work = tmp_path / "w"
+  assert load(f"{st}:cooper_weak,{work}") == load(f"{st}:work={work},cond=cooper_weak")
+  assert load(f"{wide}:cooper_weak,{work}") == load(f"{st}:cooper_weak,{work},policy=wide")
+  c = config_lib.load_config(f"{wide}:rule,{work}")
+  assert c.policy.model == f"{work}/policy_wide" and c.data.train == f"{work}/data/train.jsonl"
+  assert load(wide) == load(f"{st}:cond=cooper_weak_rewrite,policy=wide")  # wide's default
+  assert load(st) == load(f"{st}:cooper")
+  for arg, needle in [
+    (
+      "cond=cooper,polcy=wide",
+      r"unknown name 'polcy', expected one of \('cond', 'work', 'policy'\)",
+    ),
+    ("cooper,policy=huge", r"policy='huge': expected one of \('small', 'wide'\)"),
+    ("coper", r"small_task condition 'coper': expected one of"),
+    ("cooper,cond=rule", r"'cond' given twice"),
+  ]:
+    with pytest.raises(ValueError, match=needle):
+      config_lib.load_config(f"{st}:{arg}")
+  with pytest.raises(ValueError, match="small_task_wide.py is policy=wide"):
+    config_lib.load_config(f"{wide}:rule,policy=small")
+
+
+def test_experiment_configs_import_each_other_from_any_directory(tmp_path):
+  """small_task_wide.py imports small_task.py as `experiments.small_task` (the package is
+  installed with cooper_jax), so loading it works outside the repository root too."""
+  code = (
+    "import cooper_jax.config as c; "
+    f"print(c.load_config({str(ROOT / 'experiments/small_task_wide.py')!r} + ':rule').train.steps)"
+  )
+  p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+  assert p.returncode == 0, p.stderr
+  assert p.stdout.strip() == "300"
+
+
+def test_tiny_args():
+  """tiny.py:<mode>[,models=...]: the random models by default (what the plumbing tests run);
+  models=small_task: the shipped small-task policy, RM and data (files that exist)."""
+  c = config_lib.load_config(f"{ROOT}/experiments/tiny.py:rule")
+  assert (c.reward_mode, c.policy.model, c.rm.model) == ("rule", "random", "random")
+  c = config_lib.load_config(f"{ROOT}/experiments/tiny.py:mode=cooper,models=small_task")
+  assert c.reward_mode == "cooper" and c.pairs.negatives == "perturb"
+  for path in (c.policy.model, c.rm.model):
+    assert (Path(path) / "model.safetensors").is_file()
+  assert Path(c.data.train).is_file()
+  config_lib.validate(c, n_devices=1)
+  with pytest.raises(
+    ValueError, match=r"models='smol': expected one of \('random', 'small_task'\)"
+  ):
+    config_lib.load_config(f"{ROOT}/experiments/tiny.py:cooper,models=smol")

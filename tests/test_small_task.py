@@ -1,10 +1,16 @@
 """The small arithmetic task: generator, wrong solutions, tokenizer, and the SFT loss/step."""
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from conftest import final_params
 
 from cooper_jax import optim, sft, sharding, steps
 from cooper_jax.config import optim_config
@@ -17,6 +23,7 @@ from cooper_jax.tasks import arith
 from cooper_jax.tasks.small_tokenizer import build_small_tokenizer
 from cooper_jax.tokenizer import load_tokenizer
 
+ROOT = Path(__file__).resolve().parents[1]
 _LINE = re.compile(r"^(\d+) ([-+*]) (\d+) = (\d+)$")
 
 
@@ -235,3 +242,27 @@ def test_chain_is_correct_checks_every_line_not_just_the_answer():
   )
   assert not chain_is_correct("10 + 7 = 17\nThe answer is \\boxed{15}.", gold)  # a line missing
   assert not chain_is_correct("8 + 8 = 1}.", gold)  # malformed
+
+
+def test_tiny_small_task_run_steps_the_rm_on_its_schedule(tmp_path):
+  """experiments/tiny.py:cooper,models=small_task: the RM takes a step at every one of the 4
+  steps (the shipped policy answers some prompts right, so Cooper has pairs), logging the lr of
+  each step from its own schedule: warmup_linear_decay, lr 1e-3, 2 warm-up steps, decay to 0
+  over the run's 4, read at the RM's step count before its update (0, 1, 2, 3). Here with Lion,
+  an RM-side ablation of one override."""
+  cmd = [sys.executable, "-m", "cooper_jax.train", f"--workdir={tmp_path}"]
+  cmd += [f"--config={ROOT}/experiments/tiny.py:cooper,models=small_task"]
+  cmd += ["--config.rm.optim.name=lion", "--config.rm.optim.lion.b1=0.95"]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [1, 2, 3, 4]
+  # by hand: k / 2 * 1e-3 while k < 2, then 1e-3 * (1 - (k - 2) / 2)
+  assert [r["rm_train/lr"] for r in rows] == pytest.approx([0.0, 5e-4, 1e-3, 5e-4], rel=1e-6)
+  assert all(r["rm_train/updated"] == 1.0 and r["pairs/n_valid"] > 0 for r in rows)
+  assert all(np.isfinite(r["rm_train/loss"]) for r in rows)
+  step, state = final_params(tmp_path, ("rm",))
+  assert step == 4 and int(state["rm"]["step"]) == 4  # four RM updates
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert config["rm"]["optim"]["name"] == "lion" and config["rm"]["optim"]["lion"]["b1"] == 0.95
