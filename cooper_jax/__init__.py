@@ -7,6 +7,13 @@ point touches jax; a TPU VM, a GPU host, or an explicit JAX_PLATFORMS is left al
 (cooper_jax/host_platform.py).
 """
 
+import os
+
 from cooper_jax.host_platform import use_cpu_unless_accelerator
+
+# transformers (tokenizers only here; JAX models) prints "PyTorch was not found..." at import,
+# in every process that imports it (the verifier's spawned workers too): an advisory notice,
+# which this variable turns off; inherited by child processes. Set it empty to see them.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 use_cpu_unless_accelerator()

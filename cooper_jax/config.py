@@ -268,6 +268,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Rollouts written to <workdir>/rollouts.jsonl per step (question, reference, response,
     # rule verdict, reward): the first N of the step's batch (the primary's rows); 0 = none.
     save_rollouts=8,
+    # RM pairs written to <workdir>/pairs.jsonl per step (cooper): the first N prompts of the
+    # primary's groups, each with its positive, the accepted negative or why none, and every
+    # candidate negative with its reject reason; 0 = none.
+    save_pairs=8,
     # A restart whose config differs from the run's record (<workdir>/starts/) is refused,
     # naming each key, unless this is True; keys that change no step's numbers may always
     # differ (cooper_jax/run_records.py MAY_DIFFER: stop_after, checkpoint and eval cadence,
@@ -429,10 +433,10 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError(
       f"config.train.allow_config_change must be True or False, got {c.train.allow_config_change!r}"
     )
-  if not isinstance(c.train.save_rollouts, int) or c.train.save_rollouts < 0:
-    raise ValueError(
-      f"config.train.save_rollouts must be an int >= 0, got {c.train.save_rollouts!r}"
-    )
+  for key in ("save_rollouts", "save_pairs"):
+    n = c.train.get(key, 0)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+      raise ValueError(f"config.train.{key} must be an int >= 0, got {n!r}")
   if c.rollout.temperature < 0:
     raise ValueError(f"config.rollout.temperature must be >= 0, got {c.rollout.temperature}")
   if not 0 < c.rollout.top_p <= 1:

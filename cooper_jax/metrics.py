@@ -179,6 +179,11 @@ class MetricsWriter:
         self.tb.add_scalar(k, v, step)
     self.log.append([row])
 
+  def write_text(self, step: int, tag: str, text: str) -> None:
+    """A text (markdown) in TensorBoard's Text tab, at `step`; metrics.jsonl is not touched."""
+    if self.active and self.tb is not None:
+      self.tb.add_text(tag, text, step)
+
   def close(self) -> None:
     self.log.close()
     if self.tb is not None:
@@ -212,3 +217,28 @@ def progress_line(step: int, recent: list[dict]) -> str:
   if "eval/rm_probe_score" in last:
     parts.append(f"RM on probe {last['eval/rm_probe_score']:.3f}")
   return " | ".join(parts)
+
+
+def step_line(step: int, total: int, m: dict) -> str:
+  """One plain line per step, for logs that are not a terminal."""
+  parts = [
+    f"step {step}/{total}",
+    f"reward {m['reward/mean']:.3f}",
+    f"rule acc {m['rule/acc']:.3f}",
+  ]
+  if "pairs/n_valid" in m:
+    parts.append(f"pairs {m['pairs/n_valid']}")
+  parts.append(f"{m['time/step_s']:.2f} s")
+  if "time/sample_tokens_per_s" in m:
+    parts.append(f"{m['time/sample_tokens_per_s']:.0f} sampled tok/s")
+  return " | ".join(parts)
+
+
+def samples_markdown(rows: list[dict], keys: tuple[str, ...], limit: int = 4) -> str:
+  """The first `limit` rows as markdown sections (TensorBoard's Text tab), each key's value in a
+  code block so that a response's own markup shows as written."""
+  parts = []
+  for i, r in enumerate(rows[:limit]):
+    fields = [f"**{k}**\n\n```\n{r.get(k)}\n```" for k in keys if k in r]
+    parts.append(f"#### {i}\n\n" + "\n\n".join(fields))
+  return "\n\n".join(parts)

@@ -34,7 +34,7 @@ from cooper_jax import merge, optim, registry, sharding, steps
 from cooper_jax.io import read_jsonl
 from cooper_jax.metrics import reward_hacking_monitors
 from cooper_jax.prompts import encode_rm_inputs, widen_left
-from cooper_jax.rewards.pairs import build_on_policy_pairs, build_pairs
+from cooper_jax.rewards.pairs import build_on_policy_pairs, build_pairs, pair_records
 from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import load_from_config
@@ -253,6 +253,7 @@ class CooperReward(StaticRMReward):
     generator = registry.resolve("pairs.negatives", c.pairs.negatives)
     self.negatives = None if generator is None else generator.from_config(c, mesh)
     self._rm_steps = {}  # one jitted rm_step per pair-row count (see pair_rows)
+    self._pair_records = []
 
   @staticmethod
   def optimizer(c):
@@ -287,15 +288,23 @@ class CooperReward(StaticRMReward):
         seed=(c.seed, step),
         prompt_ids=ro.index[::group] // group,
       )
+    prompt_ids = ro.index[::group] // group
+    # pairs.jsonl: this process's first train.save_pairs prompts (the primary's are written
+    # once the step's update has joined: Run.finish_rm_update).
+    self._pair_records = pair_records(pairs, step + 1, prompt_ids, c.train.save_pairs)
     reasons = list(stats["rejects"])
     counts = [stats["n_valid"], stats["n_prompts"], stats["negative_tries"]]
+    counts += [stats["dropped_no_positive"], stats["dropped_max_tries"]]
     counts = dist.sum_over_processes(np.asarray(counts + [stats["rejects"][k] for k in reasons]))
-    n_valid, n_prompts, tries, rejects = int(counts[0]), int(counts[1]), counts[2], counts[3:]
+    n_valid, n_prompts, tries, rejects = int(counts[0]), int(counts[1]), counts[2], counts[5:]
     m = {
       "pairs/positives_chain_dropped": n_chain_dropped,
       "pairs/valid_rate": n_valid / n_prompts if n_prompts else 0.0,
       "pairs/n_valid": n_valid,
       "pairs/negative_tries": int(tries),
+      # prompts without a pair: no positive, or no negative accepted (on_policy: none in group)
+      "pairs/no_positive": int(counts[3]),
+      "pairs/no_negative": int(counts[4]),
     }
     m.update({f"pairs/reject_{k}": int(v) for k, v in zip(reasons, rejects)})
     if n_valid > 0:
@@ -321,6 +330,11 @@ class CooperReward(StaticRMReward):
       m.update({f"rm_train/{k}": v for k, v in per_update[0].items()})
     m["rm_train/updated"] = float(n_valid > 0)
     return m
+
+  def pop_pair_records(self) -> list[dict]:
+    """pairs.jsonl rows of the last update (once)."""
+    rows, self._pair_records = self._pair_records, []
+    return rows
 
   def _positive_ok(self, ro: Rollouts) -> tuple[np.ndarray, int]:
     """Which rollouts may be a pair's positive, and how many rule-correct ones the chain check

@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,7 +40,7 @@ from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa
 from cooper_jax.evaluate import evaluate_model
 from cooper_jax.host_platform import use_compilation_cache
-from cooper_jax.metrics import JsonlLog, MetricsWriter, progress_line
+from cooper_jax.metrics import JsonlLog, MetricsWriter, progress_line, samples_markdown, step_line
 from cooper_jax.paths import as_path
 from cooper_jax.prompts import build_prompts
 from cooper_jax.reward_modes import Rollouts, make_reward_mode
@@ -163,6 +164,13 @@ class Run:
       self.workdir / "rollouts.jsonl",
       self.step,
       active=dist.is_primary() and c.train.save_rollouts > 0,
+    )
+    # A reward source that builds RM pairs hands them over by pop_pair_records.
+    self.makes_pairs = hasattr(self.reward, "pop_pair_records")
+    self.pair_log = JsonlLog(
+      self.workdir / "pairs.jsonl",
+      self.step,
+      active=dist.is_primary() and self.makes_pairs and c.train.save_pairs > 0,
     )
 
   # ------------------------------------------------------------------------------ one step
@@ -360,12 +368,15 @@ class Run:
     if self.rm_lr is not None:
       m["rm_train/lr"] = float(self.rm_lr(int(self.reward.state["step"])))
     if self._rm_pool is None:
-      m.update(self._rm_update(ro, step))
+      self._join_rm_update(m, self._rm_update(ro, step))
     else:  # joined once the next step has sampled (or by finish_rm_update)
       self._rm_pending = (self._rm_pool.submit(self._rm_update, ro, step), m)
     t_end = time.perf_counter()
+    m["rollout/new_tokens"] = new_tokens = int(resp_len.sum())
     m.update(
       {
+        "time/sample_tokens_per_s": new_tokens / (t_sample - t0),
+        "time/step_tokens_per_s": new_tokens / (t_end - t0),
         "time/sample_s": t_sample - t0,
         "time/verify_s": t_verify - t_sample,
         "time/policy_s": t_policy - t_verify,
@@ -375,10 +386,22 @@ class Run:
     self.step += 1
     return m
 
-  def _rm_update(self, ro: Rollouts, step: int) -> dict:
+  def _rm_update(self, ro: Rollouts, step: int) -> tuple[dict, list[dict]]:
+    """(the update's metrics, its pairs.jsonl rows); in the worker thread when overlapped."""
     t = time.perf_counter()
     m = self.reward.update(ro, step)
-    return {**m, "time/rm_s": time.perf_counter() - t}
+    m["time/rm_s"] = time.perf_counter() - t
+    return m, self.reward.pop_pair_records() if self.makes_pairs else []
+
+  def _join_rm_update(self, m: dict, result: tuple[dict, list[dict]]) -> None:
+    """A finished RM update: its metrics into its step's dict, its pairs written (in the main
+    thread, in step order, before the step's metrics line)."""
+    rm, pairs = result
+    m.update(rm)
+    self.pair_log.append(pairs)
+    if pairs and self.pair_log.active:
+      keys = ("question", "reference", "positive", "negative", "reason", "candidates")
+      self.writer.write_text(pairs[0]["step"], "samples/pairs", samples_markdown(pairs, keys))
 
   @property
   def rm_update_pending(self) -> bool:
@@ -390,25 +413,27 @@ class Run:
     if self._rm_pending is not None:
       future, m = self._rm_pending
       self._rm_pending = None
-      m.update(future.result())
+      self._join_rm_update(m, future.result())
 
   def _save_rollouts(self, ro: Rollouts, rewards: np.ndarray, step: int) -> None:
     """The first train.save_rollouts of this process's rollouts (the primary writes its own)."""
     k = min(self.c.train.save_rollouts, len(ro.texts))
-    self.rollout_log.append(
-      [
-        {
-          "step": step + 1,  # the step these rollouts trained (as in metrics.jsonl)
-          "row": int(ro.index[i]),
-          "question": ro.questions[i],
-          "reference": str(ro.refs[i]),
-          "response": ro.texts[i],
-          "rule_correct": bool(ro.correct[i]),
-          "reward": float(rewards[ro.index[i]]),
-        }
-        for i in range(k)
-      ]
-    )
+    rows = [
+      {
+        "step": step + 1,  # the step these rollouts trained (as in metrics.jsonl)
+        "row": int(ro.index[i]),
+        "question": ro.questions[i],
+        "reference": str(ro.refs[i]),
+        "response": ro.texts[i],
+        "rule_correct": bool(ro.correct[i]),
+        "reward": float(rewards[ro.index[i]]),
+      }
+      for i in range(k)
+    ]
+    self.rollout_log.append(rows)
+    if rows and self.rollout_log.active:
+      keys = ("question", "reference", "response", "rule_correct", "reward")
+      self.writer.write_text(step + 1, "samples/rollouts", samples_markdown(rows, keys))
 
   # ----------------------------------------------------------------------------- plumbing
   def evaluate(self) -> dict:
@@ -450,11 +475,28 @@ class Run:
     path = self.store.save(self.step, self.policy_state, self.reward.state, meta)
     logging.info("checkpoint step %d -> %s", self.step, path)
 
+  def artefacts(self) -> list[tuple[str, str]]:
+    """(what, where) of everything the run has written (the primary's), for the end print."""
+    w, steps = self.workdir, self.store.steps()
+    out = [
+      ("config", f"{w / 'config.json'} (this start: {self.start_record})"),
+      ("metrics", str(w / "metrics.jsonl")),
+    ]
+    if self.rollout_log.active:
+      out.append(("rollouts", str(w / "rollouts.jsonl")))
+    if self.pair_log.active:
+      out.append(("pairs", str(w / "pairs.jsonl")))
+    if self.writer.tb is not None:
+      out.append(("tensorboard", str(w / "tensorboard")))
+    out.append(("checkpoints", f"{self.store.directory} (steps {', '.join(map(str, steps))})"))
+    return out
+
   def close(self):
     if self._rm_pool is not None:
       self._rm_pool.shutdown(wait=True)
     self.writer.close()
     self.rollout_log.close()
+    self.pair_log.close()
     self.verifier.close()
     self.store.close()
 
@@ -468,18 +510,23 @@ def train(c, workdir: str, reward=None) -> Run:
     total = c.train.get("stop_after", 0) or c.train.steps  # the schedules span train.steps
     if c.train.eval_every and run.step == 0:
       run.writer.write(0, run.evaluate())  # the curves start at the initial policy
+    # A bar on a terminal; under nohup or a scheduler a plain line per step (a bar's carriage
+    # returns would fill the log).
+    plain = dist.is_primary() and not sys.stderr.isatty()
     bar = tqdm(
       total=total,
       initial=run.step,
       desc=f"cooper[{c.reward_mode}]",
       dynamic_ncols=True,
-      disable=not dist.is_primary(),
+      disable=not dist.is_primary() or plain,
     )
     recent = []  # this interval's step metrics, summarised at each evaluation
 
     def log(step: int, m: dict) -> None:
       nonlocal recent
       run.writer.write(step, m)
+      if plain:
+        logging.info("%s", step_line(step, total, m))
       bar.update(1)
       bar.set_postfix(
         reward=f"{m['reward/mean']:.3f}", rule=f"{m['rule/acc']:.3f}", s=f"{m['time/step_s']:.1f}"
@@ -517,15 +564,13 @@ def train(c, workdir: str, reward=None) -> Run:
     if waiting is not None:
       log(*waiting)
     bar.close()
+    artefacts = run.artefacts()
   finally:
     for s, handler in prev.items():
       signal.signal(s, handler)
     run.close()
   if dist.is_primary():
-    print(
-      f"metrics: {run.workdir / 'metrics.jsonl'}\ncheckpoints: {run.store.directory}\n"
-      f"tensorboard: {run.workdir / 'tensorboard'}"
-    )
+    print("\n".join(f"{what}: {where}" for what, where in artefacts), flush=True)
   return run
 
 

@@ -13,6 +13,7 @@ from cooper_jax.rewards.pairs import (
   build_on_policy_pairs,
   build_pairs,
   check_negatives,
+  pair_records,
   perturb_solution,
   select_positives,
 )
@@ -215,6 +216,31 @@ def test_build_pairs_counts(verifier):
   assert stats["negative_tries"] == 3 + 1 + 1  # p3 tried max_tries=3 times
   assert stats["rejects"] == {**dict.fromkeys(REJECT_REASONS, 0), "empty": 3}
   assert stats["dropped_no_positive"] == 1 and stats["dropped_max_tries"] == 1
+
+
+def test_pair_records_keep_every_candidate_with_its_reason(verifier):
+  """pairs.jsonl's rows: per prompt the pair or why none, and every candidate negative made,
+  in order, with its reject reason (None: the accepted one)."""
+  qs, refs, comps, correct = _batch()
+  pairs, stats = build_pairs(
+    qs, refs, comps, correct, 4, PerturbNegatives(), verifier, rng=np.random.default_rng(0)
+  )
+  rows = pair_records(pairs, step=5, prompt_ids=[8, 9, 10, 11], limit=3)
+  assert [r["prompt"] for r in rows] == [8, 9, 10] and {r["step"] for r in rows} == {5}
+  assert [r["accepted"] for r in rows] == [True, False, True]
+  assert [r["reason"] for r in rows] == [None, "no_positive", None]
+  assert rows[0]["positive"] == comps[1] and rows[0]["positive_row"] == 1
+  assert rows[0]["candidates"] == [{"text": pairs.negatives[0], "reason": None}]
+  assert rows[1]["candidates"] == [] and rows[1]["positive_row"] == -1
+  # All four prompts: the candidates are the tries, their reasons the reject counts.
+  every = pair_records(pairs, 1, range(4), limit=100)
+  cands = [c for r in every for c in r["candidates"]]
+  assert len(cands) == stats["negative_tries"] == 5
+  assert [c["reason"] for c in every[3]["candidates"]] == ["empty"] * 3
+  for reason, n in stats["rejects"].items():
+    assert sum(c["reason"] == reason for c in cands) == n
+  on_policy, _ = build_on_policy_pairs(qs, refs, comps, correct, 4, rng=np.random.default_rng(0))
+  assert all(r["candidates"] == [] for r in pair_records(on_policy, 1, range(4), 4))
 
 
 def test_on_policy_pairs_take_a_rejected_rollout_of_the_same_group():

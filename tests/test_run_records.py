@@ -121,12 +121,12 @@ def test_a_start_that_cannot_run_writes_nothing(tmp_path, override, needle):
   assert not workdir.exists()
 
 
-def _launch(workdir, *overrides):
+def _launch(workdir, *overrides, cond="rule"):  # rule: the smallest step, no RM
   cmd = [
     sys.executable,
     "-m",
     "cooper_jax.train",
-    f"--config={SMALL}:rule",  # the smallest step: no RM
+    f"--config={SMALL}:{cond}",
     f"--workdir={workdir}",
     "--config.train.eval_every=0",
     "--config.rollout.prompts_per_step=2",
@@ -181,3 +181,57 @@ def test_ctrl_c_checkpoints_the_step_and_a_restart_resumes_from_it(tmp_path):
   starts = sorted((tmp_path / "starts").iterdir())
   assert [json.loads(s.read_text())["step"] for s in starts] == [0, n]
   assert np.isfinite(read_metrics(tmp_path)[-1]["policy/grad_norm"])
+
+
+def test_what_a_cooper_run_leaves(tmp_path):
+  """pairs.jsonl (every prompt's pair here, accounted as the step's pair metrics), tokens/s,
+  sample texts in TensorBoard, a plain line per step when stderr is not a terminal, no
+  transformers notice, and the end print naming every artefact, which exists. The RM update
+  runs in its thread (train.overlap_rm_update, on in the small task)."""
+  from tensorboardX.proto.event_pb2 import Event  # pylint: disable=import-outside-toplevel
+
+  p = _launch(
+    tmp_path,
+    "--config.train.steps=2",
+    "--config.train.save_pairs=2",
+    cond="cooper",
+  )
+  out, _ = p.communicate(timeout=600)
+  assert p.returncode == 0, out[-3000:]
+  assert "\r" not in out and "PyTorch was not found" not in out
+  assert "step 1/2 | reward" in out and "step 2/2 | reward" in out
+  printed = dict(l.split(": ", 1) for l in out.splitlines()[-6:] if ": " in l)
+  for what in ("config", "metrics", "rollouts", "pairs", "tensorboard", "checkpoints"):
+    assert Path(printed[what].split(" (")[0]).exists(), (what, out[-2000:])
+  rows = read_metrics(tmp_path)
+  pairs = [json.loads(l) for l in (tmp_path / "pairs.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in pairs] == [1, 1, 2, 2]  # all 2 prompts of each step
+  assert any(r["accepted"] for r in pairs) and any(r["candidates"] for r in pairs)
+  for m in rows:
+    mine = [r for r in pairs if r["step"] == m["step"]]
+    assert sum(r["accepted"] for r in mine) == m["pairs/n_valid"]
+    cands = [c for r in mine for c in r["candidates"]]
+    assert len(cands) == m["pairs/negative_tries"]
+    for reason in ("same_answer", "no_answer", "timeout", "error", "empty"):
+      assert sum(c["reason"] == reason for c in cands) == m[f"pairs/reject_{reason}"]
+    assert all(r["accepted"] == (r["reason"] is None) for r in mine)
+    assert m["rollout/new_tokens"] == round(m["response/len_mean"] * 8)
+    assert m["time/sample_tokens_per_s"] > 0 and m["time/step_tokens_per_s"] > 0
+  texts = {}
+  for f in (tmp_path / "tensorboard").iterdir():
+    for _, rec in _event_records(f.read_bytes()):
+      ev = Event.FromString(rec[12:-4])
+      for v in ev.summary.value:
+        if v.tag.startswith("samples/"):
+          texts.setdefault(v.tag.split("/")[1], []).append(ev.step)
+  assert sorted(texts.get("rollouts", [])) == [1, 2]
+  assert sorted(texts.get("pairs", [])) == [1, 2]
+
+
+def test_the_transformers_notice_is_silenced_in_every_entry_point():
+  env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+  run = lambda code: subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
+  assert "PyTorch was not found" in run("import transformers").stderr  # the notice exists
+  assert "PyTorch was not found" not in run("import cooper_jax, transformers").stderr

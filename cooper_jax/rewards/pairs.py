@@ -236,6 +236,32 @@ class PairBatch:
   valid: np.ndarray  # bool [n_prompts]
   positive_index: np.ndarray  # int [n_prompts], row in the rollout batch, -1 if none
   drop_reason: list[str | None]  # None where valid
+  # Per prompt, every candidate negative in the order made: {"text", "reason"} (reason None:
+  # accepted). Empty for on-policy pairs (no candidates are made).
+  candidates: list[list[dict]] = dataclasses.field(default_factory=list)
+
+
+def pair_records(pairs: PairBatch, step: int, prompt_ids, limit: int) -> list[dict]:
+  """pairs.jsonl rows of the first `limit` prompts: the pair (or why there is none) and every
+  candidate negative with its reject reason, so a negative generator can be inspected."""
+  rows = []
+  for p in range(min(limit, len(pairs.questions))):
+    cands = pairs.candidates[p] if pairs.candidates else []
+    rows.append(
+      {
+        "step": int(step),
+        "prompt": int(prompt_ids[p]),
+        "question": pairs.questions[p],
+        "reference": str(pairs.references[p]),
+        "positive_row": int(pairs.positive_index[p]),
+        "positive": pairs.positives[p],
+        "negative": pairs.negatives[p],
+        "accepted": bool(pairs.valid[p]),
+        "reason": pairs.drop_reason[p],
+        "candidates": cands,
+      }
+    )
+  return rows
 
 
 def build_pairs(
@@ -283,6 +309,7 @@ def build_pairs(
   negs = [""] * n
   drop: list[str | None] = [None if j >= 0 else "no_positive" for j in pos_idx]
   rejects = dict.fromkeys(REJECT_REASONS, 0)
+  candidates: list[list[dict]] = [[] for _ in range(n)]
   tries, gen_s, check_s = 0, 0.0, 0.0
   restarts0 = verifier.total_restarts
 
@@ -318,6 +345,7 @@ def build_pairs(
     check_s += time.monotonic() - t0
     still = []
     for p, cand, reason in zip(pending, cands, reasons):
+      candidates[p].append({"text": cand, "reason": reason})
       if reason is None:
         negs[p], drop[p] = cand, None
       else:
@@ -333,6 +361,7 @@ def build_pairs(
     negs,
     pos_idx,
     drop,
+    candidates,
     negative_tries=tries,
     rejects=rejects,
     verifier_restarts=verifier.total_restarts - restarts0,
@@ -341,7 +370,7 @@ def build_pairs(
   )
 
 
-def _pair_batch(questions, references, positives, negs, pos_idx, drop, **extra):
+def _pair_batch(questions, references, positives, negs, pos_idx, drop, candidates, **extra):
   """The PairBatch and its stats (counts by outcome, plus `extra`)."""
   n = len(questions)
   valid = np.array([d is None for d in drop], dtype=bool)
@@ -364,6 +393,7 @@ def _pair_batch(questions, references, positives, negs, pos_idx, drop, **extra):
     valid=valid,
     positive_index=pos_idx,
     drop_reason=drop,
+    candidates=candidates,
   )
   return batch, stats
 
@@ -414,6 +444,7 @@ def build_on_policy_pairs(
     negs,
     pos_idx,
     drop,
+    [],
     negative_tries=0,
     rejects=dict.fromkeys(REJECT_REASONS, 0),
     verifier_restarts=0,
