@@ -1,6 +1,6 @@
 """The one supervised training loop: SFT of the small policy and RM pretraining both run it.
 
-tools/sft_small_policy.py and tools/pretrain_rm.py differ only in what a batch is and which
+tools/assets/sft_small_policy.py and cooper_jax/cli/pretrain_rm.py differ only in what a batch is and which
 jitted step consumes it; the loop around them (epoch-shuffled row order, a compile per batch
 width, periodic metrics with an optional held-out evaluation, a progress line) lives here once.
 
