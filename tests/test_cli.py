@@ -34,3 +34,25 @@ def test_help(name):
   assert r.returncode == 0, r.stderr[-2000:]
   for flag in NEEDS[name]:
     assert flag in r.stdout, f"{name} --help does not mention {flag}:\n{r.stdout[:3000]}"
+
+
+def test_an_unknown_config_key_is_named_with_what_its_section_holds(tmp_path):
+  from cooper_jax.cli import unknown_config_keys
+
+  tiny = str(ROOT / "experiments" / "tiny.py")
+  argv = ["--config", tiny, "--config.policy.optim.lr=1e-3", "--config.policy.optim.optimizer=lion"]
+  (line,) = unknown_config_keys(argv)
+  assert "--config.policy.optim.optimizer: no key 'optimizer' in policy.optim" in line
+  assert "lion" in line and "schedule" in line  # what the section does hold
+  assert unknown_config_keys([f"--config={tiny}", "--config.rm.optim.name=sgd"]) == []
+  # The command refuses it before anything is written (exit 2, no workdir).
+  exe = Path(sys.executable).parent / "cooper-train"
+  work = tmp_path / "run"
+  r = subprocess.run(
+    [str(exe), f"--config={tiny}", "--config.train.stepz=3", f"--workdir={work}"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert r.returncode == 2 and "no key 'stepz' in train" in r.stderr, r.stderr[-2000:]
+  assert not work.exists()

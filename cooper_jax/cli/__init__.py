@@ -25,3 +25,45 @@ def wants_help(doc: str, module_name: str, argv=None) -> bool:
 
   print(doc.strip() + "\n\nflags:\n" + flags.FLAGS.module_help(module_name))
   return True
+
+
+def unknown_config_keys(argv=None) -> list[str]:
+  """`--config.a.b=v` overrides whose key the config file does not define, each as a line that
+  names the key and what its parent section does hold. ml_collections reports such a key as a
+  bare `AttributeError: "'b'"` deep in a traceback; the command lines check first."""
+  argv = sys.argv[1:] if argv is None else argv
+  spec, keys = None, []
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      spec = arg.split("=", 1)[1]
+    elif arg == "--config" and i + 1 < len(argv):
+      spec = argv[i + 1]
+    elif arg.startswith("--config."):
+      keys.append(arg.removeprefix("--config.").split("=", 1)[0])
+  if spec is None or not keys:
+    return []
+  from cooper_jax.config import load_config  # pylint: disable=import-outside-toplevel
+
+  try:
+    c = load_config(spec)
+  except Exception:  # noqa: BLE001 - a bad file or arg: config_flags reports it in full
+    return []
+  problems = []
+  for key in keys:
+    node, path = c, []
+    for part in key.split("."):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(path) or "the config"
+        have = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "no sub-keys"
+        problems.append(f"--config.{key}: no key {part!r} in {where} (it has: {have})")
+        break
+      node, path = node[part], [*path, part]
+  return problems
+
+
+def refuse_unknown_config_keys(prog: str, argv=None) -> bool:
+  """Prints each unknown override and returns True (the caller exits 2)."""
+  problems = unknown_config_keys(argv)
+  for line in problems:
+    print(f"{prog}: {line}", file=sys.stderr)
+  return bool(problems)

@@ -43,7 +43,7 @@ HBM_COUNT = use_hbm_count()
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from cooper_jax.cli import wants_help  # noqa: E402
+from cooper_jax.cli import refuse_unknown_config_keys, wants_help  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "experiment config file[:variant]", lock_config=True
@@ -95,6 +95,8 @@ def _mfu(path: str) -> list[str]:
 def main() -> int:
   if wants_help(__doc__, __name__):
     return 0
+  if refuse_unknown_config_keys(Path(__file__).stem):
+    return 2
   try:
     flags.FLAGS(sys.argv)
   except Exception as e:  # noqa: BLE001 - flag/config-file errors: bad config, exit 2
