@@ -89,7 +89,7 @@ def model_config(**extra) -> ml_collections.ConfigDict:
 
 def logprob_micro_batch_size(c) -> int:
   """Rows per micro-batch of the reference log-prob pass (0 = the whole batch)."""
-  return c.policy.get("logprob_micro_batch_size", 0) or c.policy.micro_batch_size
+  return c.policy.logprob_micro_batch_size or c.policy.micro_batch_size
 
 
 def shared_prompt_decode(c) -> bool:
@@ -367,7 +367,7 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       raise ValueError(
         f"config.{section}.remat={c[section].remat!r}: expected one of {REMAT_CHOICES}"
       )
-    chunk = c[section].get("attn_chunk_bytes", 0)
+    chunk = c[section].attn_chunk_bytes
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
       raise ValueError(
         f"config.{section}.attn_chunk_bytes must be an int >= 0 (0 = attention in one "
@@ -381,7 +381,7 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     section, field = key.split(".")
     if c[section][field] not in DECODE_WEIGHTS:
       raise ValueError(f"config.{key}={c[section][field]!r}: expected one of {DECODE_WEIGHTS}")
-  if not isinstance(c.train.get("overlap_rm_update", False), bool):
+  if not isinstance(c.train.overlap_rm_update, bool):
     raise ValueError(
       f"config.train.overlap_rm_update must be True or False, got {c.train.overlap_rm_update!r}"
     )
@@ -402,7 +402,7 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
         f"config.{section}.merge_duplicate_rows needs whole batches: config.{section}.{key}="
         f"{c[section][key]} must be 0 (or set config.{section}.merge_duplicate_rows=False)"
       )
-  pack = c.policy.get("pack_rows", False)
+  pack = c.policy.pack_rows
   if not isinstance(pack, bool):
     raise ValueError(f"config.policy.pack_rows must be True or False, got {pack!r}")
   if pack and not (c.policy.merge_duplicate_rows and c.policy.share_prompt):
@@ -416,25 +416,25 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       f"{c.policy.loss.agg!r}): a packed batch has no per-response rows to average over"
     )
   for key in ("grow_cache", "shared_prompt_decode", "one_pass_draw", "blocked_draw"):
-    if not isinstance(c.rollout.get(key, False), bool):
+    if not isinstance(c.rollout[key], bool):
       raise ValueError(f"config.rollout.{key} must be True or False, got {c.rollout[key]!r}")
-  if c.rollout.get("one_pass_draw", False) and c.rollout.get("blocked_draw", False):
+  if c.rollout.one_pass_draw and c.rollout.blocked_draw:
     raise ValueError(
       "config.rollout.one_pass_draw and config.rollout.blocked_draw are two different draws: "
       "set at most one"
     )
-  stop = c.train.get("stop_after", 0)
+  stop = c.train.stop_after
   if not isinstance(stop, int) or isinstance(stop, bool) or not 0 <= stop <= c.train.steps:
     raise ValueError(
       f"config.train.stop_after must be an int in [0, train.steps={c.train.steps}] "
       f"(0: run every step), got {stop!r}"
     )
-  if not isinstance(c.train.get("allow_config_change", False), bool):
+  if not isinstance(c.train.allow_config_change, bool):
     raise ValueError(
       f"config.train.allow_config_change must be True or False, got {c.train.allow_config_change!r}"
     )
   for key in ("save_rollouts", "save_pairs"):
-    n = c.train.get(key, 0)
+    n = c.train[key]
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
       raise ValueError(f"config.train.{key} must be an int >= 0, got {n!r}")
   if c.rollout.temperature < 0:
@@ -470,11 +470,11 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       f"config.pairs.assistant_dtype={c.pairs.assistant_dtype!r}: expected "
       "float32, bfloat16 or float16"
     )
-  if c.pairs.get("rewrite_format", "paper") not in ("paper", "plain"):
+  if c.pairs.rewrite_format not in ("paper", "plain"):
     raise ValueError(
       f"config.pairs.rewrite_format={c.pairs.rewrite_format!r}: expected 'paper' or 'plain'"
     )
-  if c.pairs.get("positive_check", "rule") not in ("rule", "rule+chain"):
+  if c.pairs.positive_check not in ("rule", "rule+chain"):
     raise ValueError(
       f"config.pairs.positive_check={c.pairs.positive_check!r}: expected 'rule' or 'rule+chain'"
     )

@@ -137,7 +137,7 @@ class StaticRMReward(RuleReward):
       if c.data.rm_eval_pairs
       else None
     )
-    probe = c.data.get("rm_probe", "")
+    probe = c.data.rm_probe
     self.probe = _read_rows(probe, ("question", "answer", "response")) if probe else None
     self._eval_inputs = {}  # the held-out sets' RM inputs, encoded once (`_held_out_scores`)
     self._eval_memo = (None, {})  # (the state evaluate() scored, its metrics)
@@ -341,7 +341,7 @@ class CooperReward(StaticRMReward):
     refused (summed over processes). pairs.positive_check "rule": the rule verdict (the paper);
     "rule+chain": also every computation line right (`chain_checked`), the precise-positives
     variant."""
-    if self.c.pairs.get("positive_check", "rule") == "rule":
+    if self.c.pairs.positive_check == "rule":
       return ro.correct, 0
     return chain_checked(ro, self.c.rollout.group_size, "pairs.positive_check='rule+chain'")
 

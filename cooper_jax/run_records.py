@@ -124,7 +124,7 @@ def check_restart(c, workdir) -> dict | None:
       removed,
     )
   found = dist.any_process(bool(changed))
-  allow = c.train.get("allow_config_change", False)
+  allow = c.train.allow_config_change
   if found and not allow:
     if not changed:  # the primary saw a difference this process did not (another file view)
       raise ConfigChanged(f"another process found the config changed since {source} (its log)")
