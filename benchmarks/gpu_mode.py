@@ -39,7 +39,7 @@ def trace_full_shapes(report, shapes, sz_full: dict) -> None:
   from cooper_jax import optim, steps  # pylint: disable=import-outside-toplevel
   from cooper_jax.config import base_config  # pylint: disable=import-outside-toplevel
   from cooper_jax.models.transformer import init_params  # pylint: disable=import-outside-toplevel
-  from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
+  from cooper_jax.sampling import SampleOptions, sample  # pylint: disable=import-outside-toplevel
 
   out = {}
   b, p, n = sz_full["batch"], sz_full["prompt"], sz_full["new_tokens"]
@@ -52,9 +52,8 @@ def trace_full_shapes(report, shapes, sz_full: dict) -> None:
     params = jax.eval_shape(lambda k, cfg=cfg: init_params(cfg, k), jax.random.key(0))
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
     bools = lambda *s: jax.ShapeDtypeStruct(s, jnp.bool_)
-    sample.lower(
-      params, i32(b, p), bools(b, p), jax.random.key(0), cfg=cfg, max_new_tokens=n, eos_ids=()
-    )
+    options = SampleOptions(max_new_tokens=n, eos_ids=())
+    sample.lower(params, i32(b, p), bools(b, p), jax.random.key(0), cfg=cfg, options=options)
     step_cfg = cfg.replace(param_dtype="float32", remat="full")
     sparams = jax.eval_shape(lambda k, cfg=step_cfg: init_params(cfg, k), jax.random.key(0))
     state = jax.eval_shape(lambda pr: steps.init_state(pr, opt), sparams)

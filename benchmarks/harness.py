@@ -135,18 +135,12 @@ def our_gate_side(cfg, params, tokens, mask, greedy_tokens: int):
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   from cooper_jax.models.transformer import forward  # pylint: disable=import-outside-toplevel
-  from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
+  from cooper_jax.sampling import SampleOptions, sample  # pylint: disable=import-outside-toplevel
 
   logits = np.asarray(jax.jit(forward, static_argnums=0)(cfg, params, tokens, mask))
+  greedy = SampleOptions(max_new_tokens=greedy_tokens, temperature=0.0, eos_ids=())
   out = sample(
-    params,
-    jnp.asarray(tokens),
-    jnp.asarray(mask),
-    jax.random.key(0),
-    cfg=cfg,
-    max_new_tokens=greedy_tokens,
-    temperature=0.0,
-    eos_ids=(),
+    params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(0), cfg=cfg, options=greedy
   )
   return logits, np.asarray(out.tokens)
 

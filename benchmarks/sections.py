@@ -156,24 +156,22 @@ class OurSampler:
       SMOLLM2_CONFIG,
       run_config,
     )
-    from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
+    from cooper_jax.sampling import SampleOptions, sample  # pylint: disable=import-outside-toplevel
 
     self.cfg, self.params, self.n = cfg, params, new_tokens
     self.tokens, self.mask = jnp.asarray(tokens), jnp.asarray(mask)
-    t0 = time.perf_counter()
-    self.compiled = sample.lower(
-      params,
-      self.tokens,
-      self.mask,
-      jax.random.key(0),
-      cfg=cfg,
-      max_new_tokens=new_tokens,
-      temperature=1.0,
-      top_p=1.0,
-      top_k=0,
+    # The run config's sampler (its draw, T 1, top-p 1, cache segments), one row per prompt,
+    # this benchmark's length and no EOS.
+    options = SampleOptions.from_rollout(
+      run_config(SMOLLM2_CONFIG).rollout,
       eos_ids=(),
       pad_id=pad_id,
-      blocked_draw=run_config(SMOLLM2_CONFIG).rollout.blocked_draw,  # as its configs draw
+      max_new_tokens=new_tokens,
+      group_size=1,
+    )
+    t0 = time.perf_counter()
+    self.compiled = sample.lower(
+      params, self.tokens, self.mask, jax.random.key(0), cfg=cfg, options=options
     ).compile()
     self.compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from cooper_jax.config import base_config  # noqa: E402
 from cooper_jax.io import read_jsonl  # noqa: E402
 from cooper_jax.prompts import build_prompts  # noqa: E402
-from cooper_jax.sampling import sample  # noqa: E402
+from cooper_jax.sampling import SampleOptions, sample  # noqa: E402
 from cooper_jax.tokenizer import load_tokenizer  # noqa: E402
 from cooper_jax.weights import load_pretrained  # noqa: E402
 
@@ -58,9 +58,11 @@ def main(argv=None) -> list[dict]:
   out = []
   for pad in (int(x) for x in a.prompt_pad.split(",")):
     ids, mask = tok.encode_prompts(texts, pad_to_multiple=pad)
-    kw = dict(cfg=cfg, max_new_tokens=a.max_new_tokens, group_size=a.group, pad_id=tok.pad_id)
+    opts = SampleOptions(max_new_tokens=a.max_new_tokens, group_size=a.group, pad_id=tok.pad_id)
     fns = {
-      s: sample.lower(params, ids, mask, rng, shared_prompt=s, **kw).compile()
+      s: sample.lower(
+        params, ids, mask, rng, cfg=cfg, options=opts.replace(shared_prompt=s)
+      ).compile()
       for s in (False, True)
     }
     got = {s: fn(params, ids, mask, rng) for s, fn in fns.items()}

@@ -42,7 +42,7 @@ from cooper_jax.io import atomic_write, atomic_write_json
 from cooper_jax.prompts import INSTRUCTION_SUFFIX, build_prompts, padded_batches
 from cooper_jax.rewards.choices import accepted_references
 from cooper_jax.rewards.verify import RuleVerifier
-from cooper_jax.sampling import sample
+from cooper_jax.sampling import SampleOptions, sample
 from cooper_jax.stats import bootstrap_ci, bootstrap_ci_average
 from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import load_pretrained
@@ -100,19 +100,19 @@ class Progress:
 
 
 # ---------------------------------------------------------------------------------- sampling
-def _compiled_sampler(cfg, params, tokens, mask, rng, **static):
+def _compiled_sampler(cfg, params, tokens, mask, rng, options: SampleOptions):
   """One AOT-compiled sampler per shape/setting; returns (fn, compile seconds or 0 if cached)."""
   leaves = tuple(
     (x.shape, str(x.dtype), getattr(x, "sharding", None)) for x in jax.tree_util.tree_leaves(params)
   )
-  key = (cfg, tokens.shape, tuple(sorted(static.items())), leaves)
+  key = (cfg, tokens.shape, options, leaves)
   if key in _COMPILED:
     return _COMPILED[key], 0.0
   logger.info(
-    "compiling the sampler for batch %s x %d new tokens", tokens.shape, static["max_new_tokens"]
+    "compiling the sampler for batch %s x %d new tokens", tokens.shape, options.max_new_tokens
   )
   t0 = time.perf_counter()
-  fn = sample.lower(params, tokens, mask, rng, cfg=cfg, **static).compile()
+  fn = sample.lower(params, tokens, mask, rng, cfg=cfg, options=options).compile()
   dt = time.perf_counter() - t0
   logger.info("compiled in %.1f s", dt)
   if len(_COMPILED) >= 8:
@@ -147,10 +147,10 @@ def _eval_benchmark(
   width = q_tok.shape[1]
   order = np.repeat(np.arange(n_q), samples)  # rollout r -> problem order[r], problem-major
   n_roll = order.size
-  static = dict(
+  options = SampleOptions(
     max_new_tokens=max_new_tokens,
-    temperature=float(temperature),
-    top_p=float(top_p),
+    temperature=temperature,
+    top_p=top_p,
     eos_ids=tuple(tokenizer.eos_ids),
     pad_id=tokenizer.pad_id,
   )
@@ -166,7 +166,7 @@ def _eval_benchmark(
       bs = sharding.batch_sharding(mesh)
       tokens, mask = dist.put_global(q_tok[idx], bs), dist.put_global(q_mask[idx], bs)
     key = jax.random.fold_in(rng, bi)
-    fn, dt = _compiled_sampler(cfg, params, tokens, mask, key, **static)
+    fn, dt = _compiled_sampler(cfg, params, tokens, mask, key, options)
     compile_s += dt
     t0 = time.perf_counter()
     out = fn(params, tokens, mask, key)

@@ -13,9 +13,9 @@ topology (cooper_jax/cli/aot_decode.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -90,6 +90,78 @@ def _filter_logits(scaled_bv, top_p: float, top_k: int):
 
 # sample's default number of cache segments (see `sample`).
 CACHE_SEGMENTS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOptions:
+  """Every setting of a sampler call but the model: frozen and hashable, so `sample` takes it
+  as one static jit argument (equal options reuse a compiled sampler). Build it once per
+  sampler, from the config with `from_rollout`; `replace` makes a variant. The fields are
+  described at `sample`."""
+
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  eos_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+  group_size: int = 1
+  cache_segments: int = CACHE_SEGMENTS
+  grow_cache: bool = True
+  weights_sharding: Any = None  # jax.sharding.Sharding | sharding.MLPSplit | None
+  shared_prompt: bool = False
+  one_pass_draw: bool = False
+  blocked_draw: bool = False
+
+  def __post_init__(self):
+    # Canonical types, so that options equal in value are equal as jit keys (1 vs 1.0, a list
+    # of ids vs a tuple) and hashable.
+    fix = object.__setattr__
+    fix(self, "temperature", float(self.temperature))
+    fix(self, "top_p", float(self.top_p))
+    fix(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
+    if self.max_new_tokens < 1 or self.group_size < 1 or self.cache_segments < 1:
+      raise ValueError(f"SampleOptions: max_new_tokens, group_size, cache_segments >= 1: {self}")
+    if self.one_pass_draw and self.blocked_draw:
+      raise ValueError("one_pass_draw and blocked_draw are two different draws: pick one")
+
+  @classmethod
+  def from_rollout(cls, rollout, *, eos_ids, pad_id: int, mesh=None, **overrides):
+    """The policy sampler's options from config `rollout` (train.Run.rollout's): its
+    temperature, top-p/k, max_new_tokens, group_size, cache_segments, grow_cache, decode
+    layout (rollout.decode_weights over `mesh`; None: no mesh, the weights as they are),
+    shared_prompt_decode (with G > 1), one_pass_draw, blocked_draw. The tokenizer gives
+    eos_ids and pad_id; `overrides` replace any field (e.g. evaluation's group_size=1)."""
+    weights = None
+    if mesh is not None:
+      weights = sharding.decode_weights(mesh, rollout.decode_weights)
+    elif rollout.decode_weights != "sharded":
+      raise ValueError(f"rollout.decode_weights={rollout.decode_weights!r} needs a mesh")
+    fields = dict(
+      max_new_tokens=rollout.max_new_tokens,
+      temperature=rollout.temperature,
+      top_p=rollout.top_p,
+      top_k=rollout.top_k,
+      eos_ids=eos_ids,
+      pad_id=pad_id,
+      group_size=rollout.group_size,
+      cache_segments=rollout.cache_segments,
+      grow_cache=rollout.grow_cache,
+      weights_sharding=weights,
+      shared_prompt=bool(rollout.shared_prompt_decode),
+      one_pass_draw=rollout.one_pass_draw,
+      blocked_draw=rollout.blocked_draw,
+    )
+    unknown = set(overrides) - set(fields)
+    if unknown:
+      raise TypeError(f"SampleOptions.from_rollout: unknown fields {sorted(unknown)}")
+    opts = dict(fields, **overrides)
+    # A prompt's cache is shared by its group: no group, nothing to share (and one jit key).
+    opts["shared_prompt"] = bool(opts["shared_prompt"]) and opts["group_size"] > 1
+    return cls(**opts)
+
+  def replace(self, **changes) -> SampleOptions:
+    return dataclasses.replace(self, **changes)
 
 
 def _token_logprob(x_bv, tok_b):
@@ -327,32 +399,28 @@ def decode_step(
   rng,
   *,
   cfg: ModelConfig,
-  temperature: float = 1.0,
-  top_p: float = 1.0,
-  top_k: int = 0,
-  eos_ids: Sequence[int] = (),
-  pad_id: int = 0,
+  options: SampleOptions,
   read_slots: int | None = None,
-  one_pass_draw: bool = False,
   mlp_columns=None,
-  blocked_draw: bool = False,
 ) -> DecodeState:
   """One step of the decode loop, the body of `sample`'s while_loop (see DecodeState): sample
   with jax.random.fold_in(rng, step), record, feed the token at position next_pos_b + step (its
   keys/values written into every layer's cache in place), next logits. params as
   transformer.split_layers makes them; the attention reads the first read_slots cache slots
-  (static; default all; they must cover the filled ones). one_pass_draw: draw_one_pass;
-  blocked_draw: draw_blocked (not both). mlp_columns: the MLPs' hidden-activation sharding in
-  the decode layout mlp_split (sharding.decode_mlp_columns), else None."""
+  (static; default all; they must cover the filled ones). From `options` it reads the draw
+  (temperature, top_p, top_k, one_pass_draw / blocked_draw), eos_ids and pad_id. mlp_columns:
+  the MLPs' hidden-activation sharding in the decode layout mlp_split
+  (sharding.decode_mlp_columns), else None."""
+  o = options
   i, logits_bv, done_b = state.step, state.logits_bv, state.done_b
-  eos = jnp.asarray(eos_ids if eos_ids else [-1], jnp.int32)
+  eos = jnp.asarray(o.eos_ids if o.eos_ids else [-1], jnp.int32)
   fold = jax.vmap(jax.random.fold_in, (0, None)) if _per_row(rng) else jax.random.fold_in
   step_rng = fold(rng, i)
-  if one_pass_draw and blocked_draw:
-    raise ValueError("one_pass_draw and blocked_draw are two different draws: pick one")
-  tok_b, logp_b = _pick(logits_bv, step_rng, temperature, top_p, top_k, one_pass_draw, blocked_draw)
+  tok_b, logp_b = _pick(
+    logits_bv, step_rng, o.temperature, o.top_p, o.top_k, o.one_pass_draw, o.blocked_draw
+  )
   live_b = ~done_b
-  out_tok = state.tokens.at[:, i].set(jnp.where(live_b, tok_b, pad_id))
+  out_tok = state.tokens.at[:, i].set(jnp.where(live_b, tok_b, o.pad_id))
   out_logp = state.logprobs.at[:, i].set(jnp.where(live_b, logp_b, 0.0))
   out_mask = state.mask.at[:, i].set(live_b)
   done_b = done_b | jnp.isin(tok_b, eos)
@@ -365,25 +433,7 @@ def decode_step(
   return DecodeState(i + 1, cache, logits_bv, done_b, out_tok, out_logp, out_mask)
 
 
-@functools.partial(
-  jax.jit,
-  static_argnames=(
-    "cfg",
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "eos_ids",
-    "pad_id",
-    "group_size",
-    "cache_segments",
-    "grow_cache",
-    "weights_sharding",
-    "shared_prompt",
-    "one_pass_draw",
-    "blocked_draw",
-  ),
-)
+@functools.partial(jax.jit, static_argnames=("cfg", "options"))
 def sample(
   params,
   tokens_bp,
@@ -391,21 +441,11 @@ def sample(
   rng,
   *,
   cfg: ModelConfig,
-  max_new_tokens: int,
-  temperature: float = 1.0,
-  top_p: float = 1.0,
-  top_k: int = 0,
-  eos_ids: Sequence[int] = (),
-  pad_id: int = 0,
-  group_size: int = 1,
-  cache_segments: int = CACHE_SEGMENTS,
-  grow_cache: bool = True,
-  weights_sharding: jax.sharding.Sharding | sharding.MLPSplit | None = None,
-  shared_prompt: bool = False,
-  one_pass_draw: bool = False,
-  blocked_draw: bool = False,
+  options: SampleOptions,
 ) -> SampleOutput:
-  """Samples max_new_tokens after left-padded prompts; deterministic for a given rng.
+  """Samples options.max_new_tokens after left-padded prompts; deterministic for a given rng.
+  The fields of `options` (SampleOptions) below: temperature (0 = greedy), top_p, top_k,
+  eos_ids (a row stops after one), pad_id (after the stop), and the following.
 
   rng: one key for the batch, or a [rows] array of keys, one per output row (with
   group_size 1), so that a row's sample depends on its own key and not on its position in the
@@ -449,24 +489,25 @@ def sample(
   blocked_draw (config rollout.blocked_draw): each token drawn by `draw_blocked`, the same
   distribution from a fraction of the noise; other tokens than the default draw's for a key.
   """
-  ends = segment_ends(max_new_tokens, cache_segments)
+  o = options
+  ends = segment_ends(o.max_new_tokens, o.cache_segments)
   state, next_pos_b = prefill(
     params,
     tokens_bp,
     mask_bp,
     cfg=cfg,
-    max_new_tokens=max_new_tokens,
-    pad_id=pad_id,
-    group_size=group_size,
-    cache_new_slots=ends[0] if grow_cache else None,
-    shared_prompt=shared_prompt and group_size > 1,
+    max_new_tokens=o.max_new_tokens,
+    pad_id=o.pad_id,
+    group_size=o.group_size,
+    cache_new_slots=ends[0] if o.grow_cache else None,
+    shared_prompt=o.shared_prompt and o.group_size > 1,
   )
   p = 0 if state.cache.prompt_k is not None else tokens_bp.shape[1]  # prompt slots in the cache
   split = split_layers(params, cfg.jnp_dtype)  # once per call, outside the loop
-  split = sharding.place_decode_weights(split, weights_sharding)
-  mlp_columns = sharding.decode_mlp_columns(weights_sharding, cfg.d_ff)
+  split = sharding.place_decode_weights(split, o.weights_sharding)
+  mlp_columns = sharding.decode_mlp_columns(o.weights_sharding, cfg.d_ff)
   for j, end in enumerate(ends):
-    if grow_cache and j:
+    if o.grow_cache and j:
       state = state._replace(cache=_grow_cache(state.cache, end - ends[j - 1]))
     body = functools.partial(
       decode_step,
@@ -474,15 +515,9 @@ def sample(
       next_pos_b=next_pos_b,
       rng=rng,
       cfg=cfg,
-      temperature=temperature,
-      top_p=top_p,
-      top_k=top_k,
-      eos_ids=eos_ids,
-      pad_id=pad_id,
-      read_slots=None if grow_cache else p + end,
-      one_pass_draw=one_pass_draw,
+      options=o,
+      read_slots=None if o.grow_cache else p + end,
       mlp_columns=mlp_columns,
-      blocked_draw=blocked_draw,
     )
     cond = lambda s, end=end: (s.step < end) & ~jnp.all(s.done_b)
     state = jax.lax.while_loop(cond, body, state)
@@ -510,12 +545,7 @@ def generate(
   """
   texts = [tokenizer.chat_prompt(q) for q in prompts] if chat else list(prompts)
   tokens, mask = tokenizer.encode_prompts(texts, pad_to_multiple=pad_to_multiple)
-  out = sample(
-    params,
-    jnp.asarray(tokens),
-    jnp.asarray(mask),
-    rng,
-    cfg=cfg,
+  options = SampleOptions(
     max_new_tokens=max_new_tokens,
     temperature=temperature,
     top_p=top_p,
@@ -523,6 +553,7 @@ def generate(
     eos_ids=tuple(tokenizer.eos_ids),
     pad_id=tokenizer.pad_id,
   )
+  out = sample(params, jnp.asarray(tokens), jnp.asarray(mask), rng, cfg=cfg, options=options)
   toks, m = np.asarray(out.tokens), np.asarray(out.mask)
   completions = [tokenizer.decode(toks[i][m[i]].tolist()) for i in range(len(texts))]
   return completions, out

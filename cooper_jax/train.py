@@ -45,7 +45,7 @@ from cooper_jax.paths import as_path
 from cooper_jax.prompts import build_prompts
 from cooper_jax.reward_modes import Rollouts, make_reward_mode
 from cooper_jax.rewards.verify import RuleVerifier
-from cooper_jax.sampling import sample
+from cooper_jax.sampling import SampleOptions, sample
 from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import load_from_config
 
@@ -194,6 +194,9 @@ class Run:
     prompt_sh = (
       sharding.batch_sharding(self.mesh) if chunk % shards == 0 else sharding.replicated(self.mesh)
     )
+    options = SampleOptions.from_rollout(
+      c.rollout, eos_ids=self.tokenizer.eos_ids, pad_id=self.tokenizer.pad_id, mesh=self.mesh
+    )
     outs = []
     for i, start in enumerate(range(0, len(prompts), chunk)):
       out = sample(
@@ -202,19 +205,7 @@ class Run:
         dist.put_global(mask_u[start : start + chunk], prompt_sh),
         rng if chunk == len(prompts) else jax.random.fold_in(rng, i),
         cfg=self.policy_cfg,
-        max_new_tokens=c.rollout.max_new_tokens,
-        temperature=c.rollout.temperature,
-        top_p=c.rollout.top_p,
-        top_k=c.rollout.top_k,
-        eos_ids=tuple(self.tokenizer.eos_ids),
-        pad_id=self.tokenizer.pad_id,
-        group_size=g,
-        cache_segments=c.rollout.cache_segments,
-        grow_cache=c.rollout.grow_cache,
-        weights_sharding=sharding.decode_weights(self.mesh, c.rollout.decode_weights),
-        shared_prompt=config_lib.shared_prompt_decode(c),
-        one_pass_draw=c.rollout.one_pass_draw,
-        blocked_draw=c.rollout.blocked_draw,
+        options=options,
       )
       outs.append(out)
     tok, mask = np.repeat(tok_u, g, axis=0), np.repeat(mask_u, g, axis=0)

@@ -21,7 +21,7 @@ from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.tolerance import float32_logprob_atol
 from cooper_jax.models.transformer import forward, init_params, split_layers
 from cooper_jax.prompts import left_pad
-from cooper_jax.sampling import decode_step, prefill, sample
+from cooper_jax.sampling import SampleOptions, decode_step, prefill, sample
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOLOGY = "v5e:2x2"  # 4 chips: the tiny config's 4 prompts split over them
@@ -62,12 +62,13 @@ def test_sample_is_prefill_then_decode_steps(kw):
   params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape), params)
   toks, mask, _ = left_pad(ROWS, PAD, pad_to_multiple=8)
   n, rng = 9, jax.random.key(4)
-  out = sample(params, toks, mask, rng, cfg=TINY, max_new_tokens=n, pad_id=PAD, **kw)
-  g = kw.pop("group_size", 1)
+  opts = SampleOptions(max_new_tokens=n, pad_id=PAD, **kw)
+  out = sample(params, toks, mask, rng, cfg=TINY, options=opts)
+  g = opts.group_size
   state, next_pos = prefill(
     params, toks, mask, cfg=TINY, max_new_tokens=n, pad_id=PAD, group_size=g
   )
-  step = jax.jit(functools.partial(decode_step, cfg=TINY, pad_id=PAD, **kw))
+  step = jax.jit(functools.partial(decode_step, cfg=TINY, options=opts))
   split = split_layers(params)
   for _ in range(n):
     state = step(split, state, next_pos, rng)
@@ -187,9 +188,9 @@ def test_replicated_decode_weights_read_the_whole_copy_without_collectives(tiny_
   cfg = model_config(c.policy, "lm")
   texts = {}
   for mode in ("sharded", "replicated"):
-    low, _ = decode.lower_decode_step(
-      cfg, mesh, 16, 256, 16, group_size=4, weights_sharding=sharding.decode_weights(mesh, mode)
-    )
+    ws = sharding.decode_weights(mesh, mode)
+    opts = SampleOptions(max_new_tokens=16, group_size=4, weights_sharding=ws)
+    low, _ = decode.lower_decode_step(cfg, mesh, 16, 256, opts)
     texts[mode] = low.compile().as_text()
   assert "all-gather" in texts["sharded"] or "all-reduce" in texts["sharded"]
   assert "all-gather" not in texts["replicated"] and "all-reduce" not in texts["replicated"]
@@ -237,9 +238,9 @@ def test_mlp_split_decode_moves_no_hidden_activations():
   assert (mesh.shape["fsdp"], cfg.n_layers, ff) == (4, 2, 128) and d != ff
   found = {}
   for mode in ("sharded", "mlp_split"):
-    low, _ = decode.lower_decode_step(
-      cfg, mesh, rows, 256, 16, group_size=4, weights_sharding=sharding.decode_weights(mesh, mode)
-    )
+    ws = sharding.decode_weights(mesh, mode)
+    opts = SampleOptions(max_new_tokens=16, group_size=4, weights_sharding=ws)
+    low, _ = decode.lower_decode_step(cfg, mesh, rows, 256, opts)
     found[mode] = _collectives(low.compile().as_text())
   hidden = lambda cs: [c for c in cs if any(ff in s for s in c[1])]
   assert hidden(found["sharded"]) and not hidden(found["mlp_split"])
@@ -285,11 +286,12 @@ def test_decode_step_takes_its_weights_in_the_loops_layouts():
   mesh = sharding.make_mesh(**c.mesh, devices=aot.get_topology(TOPOLOGY).devices)
   cfg = model_config(c.policy, "lm")
   ws = sharding.decode_weights(mesh, "sharded")
-  low, inputs = decode.lower_decode_step(cfg, mesh, 16, 256, 16, group_size=4, weights_sharding=ws)
+  opts = SampleOptions(max_new_tokens=16, group_size=4, weights_sharding=ws)
+  low, inputs = decode.lower_decode_step(cfg, mesh, 16, 256, opts)
   assert _weight_relayouts(low.compile().as_text()) == []
   # The same step with its weights pinned to the default layouts: the per-step copy is back.
   step = jax.jit(
-    functools.partial(decode_step, cfg=cfg),
+    functools.partial(decode_step, cfg=cfg, options=opts),
     donate_argnums=1,
     out_shardings=jax.tree.map(lambda x: x.sharding, inputs[1]),
   )
@@ -306,10 +308,7 @@ def test_decode_step_takes_its_weights_in_the_loops_layouts():
       m,
       key,
       cfg=cfg,
-      max_new_tokens=16,
-      group_size=4,
-      weights_sharding=ws,
-      cache_segments=1,
+      options=opts.replace(cache_segments=1),
     )
     .compile()
     .as_text()
@@ -346,16 +345,13 @@ def test_shared_prompt_decode_reads_each_prompt_once(tiny_decode):
   from cooper_jax.aot.models import model_config  # pylint: disable=import-outside-toplevel
 
   mesh = sharding.make_mesh(**c.mesh, devices=aot.get_topology(TOPOLOGY).devices)
-  low, inputs = decode.lower_decode_step(
-    model_config(c.policy, "lm"),
-    mesh,
-    16,
-    256,
-    16,
+  opts = SampleOptions(
+    max_new_tokens=16,
     group_size=4,
     weights_sharding=sharding.decode_weights(mesh, "replicated"),
     shared_prompt=True,
   )
+  low, inputs = decode.lower_decode_step(model_config(c.policy, "lm"), mesh, 16, 256, opts)
   assert inputs[1].cache.prompt_k[0].shape[0] == 4  # one copy per prompt
   text = low.compile().as_text()
   assert not any(

@@ -13,7 +13,13 @@ from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.tolerance import UNIT_ROUNDOFF, float32_logprob_atol
 from cooper_jax.models.transformer import forward, init_params
 from cooper_jax.prompts import left_pad
-from cooper_jax.sampling import sample
+from cooper_jax.sampling import SampleOptions, sample
+
+
+def draw(*args, cfg, **options):
+  """sample() with its SampleOptions fields given as keywords."""
+  return sample(*args, cfg=cfg, options=SampleOptions(**options))
+
 
 FILTERED = np.finfo(np.float32).min  # what _filter_logits writes
 
@@ -118,8 +124,8 @@ def test_sample_with_blocked_draw_logprobs_are_the_forward_log_softmax(params, t
   the draw is not the default one (other tokens from the same key)."""
   toks, mask = _prompts()
   kw = dict(cfg=CFG, max_new_tokens=10, temperature=0.8, top_p=top_p, pad_id=PAD)
-  out = sample(params, toks, mask, jax.random.key(4), blocked_draw=True, **kw)
-  default = sample(params, toks, mask, jax.random.key(4), **kw)
+  out = draw(params, toks, mask, jax.random.key(4), blocked_draw=True, **kw)
+  default = draw(params, toks, mask, jax.random.key(4), **kw)
   assert not np.array_equal(np.asarray(out.tokens), np.asarray(default.tokens))
   full_t = np.concatenate([toks, np.asarray(out.tokens)], axis=1)
   full_m = np.concatenate([mask, np.asarray(out.mask)], axis=1)
@@ -136,10 +142,10 @@ def test_sample_with_blocked_draw_on_the_mesh_draws_the_single_device_tokens(par
   assert jax.device_count() >= 8, "conftest sets an 8-device CPU platform"
   toks, mask = _prompts()
   kw = dict(cfg=CFG, max_new_tokens=8, temperature=1.0, pad_id=PAD, group_size=2)
-  ref = sample(params, toks, mask, jax.random.key(7), blocked_draw=True, **kw)
+  ref = draw(params, toks, mask, jax.random.key(7), blocked_draw=True, **kw)
   mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
   bs = sharding.batch_sharding(mesh)
-  out = sample(
+  out = draw(
     sharding.shard_tree(params, mesh),
     jax.device_put(toks, bs),
     jax.device_put(mask, bs),
@@ -154,7 +160,7 @@ def test_sample_with_blocked_draw_on_the_mesh_draws_the_single_device_tokens(par
 def test_one_pass_and_blocked_draw_together_are_refused(params):
   toks, mask = _prompts()
   with pytest.raises(ValueError, match="one_pass_draw and blocked_draw"):
-    sample(
+    draw(
       params,
       toks,
       mask,

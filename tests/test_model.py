@@ -19,7 +19,18 @@ from cooper_jax.models.tolerance import (
 )
 from cooper_jax.models.transformer import attend, forward, init_params, split_layers
 from cooper_jax.prompts import left_pad
-from cooper_jax.sampling import sample
+from cooper_jax.sampling import SampleOptions, sample
+
+
+def draw(*args, cfg, **options):
+  """sample() with its SampleOptions fields given as keywords."""
+  return sample(*args, cfg=cfg, options=SampleOptions(**options))
+
+
+def _lower(*args, cfg, **options):
+  """sample.lower() likewise."""
+  return sample.lower(*args, cfg=cfg, options=SampleOptions(**options))
+
 
 TINY = ModelConfig(
   vocab_size=97,
@@ -81,7 +92,7 @@ def _logprob_atol(params, toks, mask, out) -> float:
 
 def test_greedy_equals_stepwise_argmax_and_logprobs_match(params):
   toks, mask = _left_pad(ROWS, 8)
-  out = sample(
+  out = draw(
     params, toks, mask, jax.random.key(3), cfg=TINY, max_new_tokens=7, temperature=0.0, pad_id=PAD
   )
   assert bool(np.all(out.mask))
@@ -108,7 +119,7 @@ def test_greedy_equals_stepwise_argmax_and_logprobs_match(params):
 
 def test_sampled_logprobs_equal_full_forward_logsoftmax(params):
   toks, mask = _left_pad(ROWS, 8)
-  out = sample(
+  out = draw(
     params, toks, mask, jax.random.key(4), cfg=TINY, max_new_tokens=7, temperature=1.0, pad_id=PAD
   )
   logp = jax.nn.log_softmax(_teacher_forced(params, toks, mask, out), axis=-1)
@@ -119,9 +130,9 @@ def test_sampled_logprobs_equal_full_forward_logsoftmax(params):
 def test_sampling_is_deterministic_per_key(params):
   toks, mask = _left_pad(ROWS, 8)
   kw = dict(cfg=TINY, max_new_tokens=12, temperature=1.0, top_p=0.95, pad_id=PAD)
-  a = sample(params, toks, mask, jax.random.key(5), **kw)
-  b = sample(params, toks, mask, jax.random.key(5), **kw)
-  c = sample(params, toks, mask, jax.random.key(6), **kw)
+  a = draw(params, toks, mask, jax.random.key(5), **kw)
+  b = draw(params, toks, mask, jax.random.key(5), **kw)
+  c = draw(params, toks, mask, jax.random.key(6), **kw)
   np.testing.assert_array_equal(a.tokens, b.tokens)
   assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
 
@@ -134,10 +145,8 @@ def test_cache_segments_do_not_change_the_samples(params, segments, grow):
   cache: same tokens, logprobs to float summation order; 13 > 12 steps: one step each."""
   toks, mask = _left_pad(ROWS, 8)
   kw = dict(cfg=TINY, max_new_tokens=12, temperature=1.0, top_p=0.95, pad_id=PAD)
-  one = sample(params, toks, mask, jax.random.key(7), cache_segments=1, **kw)
-  seg = sample(
-    params, toks, mask, jax.random.key(7), cache_segments=segments, grow_cache=grow, **kw
-  )
+  one = draw(params, toks, mask, jax.random.key(7), cache_segments=1, **kw)
+  seg = draw(params, toks, mask, jax.random.key(7), cache_segments=segments, grow_cache=grow, **kw)
   np.testing.assert_array_equal(seg.tokens, one.tokens)
   np.testing.assert_array_equal(seg.mask, one.mask)
   np.testing.assert_allclose(
@@ -151,8 +160,8 @@ def test_group_sampling_prefills_once_and_matches_the_repeated_batch(params):
   g = 4
   toks, mask = _left_pad(ROWS, 8)
   kw = dict(cfg=TINY, max_new_tokens=10, temperature=1.0, top_p=0.95, pad_id=PAD)
-  rep = sample(params, np.repeat(toks, g, 0), np.repeat(mask, g, 0), jax.random.key(3), **kw)
-  grp = sample(params, toks, mask, jax.random.key(3), group_size=g, **kw)
+  rep = draw(params, np.repeat(toks, g, 0), np.repeat(mask, g, 0), jax.random.key(3), **kw)
+  grp = draw(params, toks, mask, jax.random.key(3), group_size=g, **kw)
   np.testing.assert_array_equal(grp.tokens, rep.tokens)
   np.testing.assert_array_equal(grp.mask, rep.mask)
   atol = _logprob_atol(params, np.repeat(toks, g, 0), np.repeat(mask, g, 0), rep)
@@ -171,8 +180,8 @@ def test_shared_prompt_decode_draws_the_copied_prompts_samples(params, segments,
   toks, mask = _left_pad(ROWS, 8)
   kw = dict(cfg=TINY, max_new_tokens=12, temperature=1.0, top_p=0.95, pad_id=PAD, eos_ids=(3,))
   kw.update(group_size=g, cache_segments=segments, grow_cache=grow)
-  copied = sample(params, toks, mask, jax.random.key(11), **kw)
-  shared = sample(params, toks, mask, jax.random.key(11), shared_prompt=True, **kw)
+  copied = draw(params, toks, mask, jax.random.key(11), **kw)
+  shared = draw(params, toks, mask, jax.random.key(11), shared_prompt=True, **kw)
   np.testing.assert_array_equal(shared.tokens, copied.tokens)
   np.testing.assert_array_equal(shared.mask, copied.mask)
   atol = _logprob_atol(params, np.repeat(toks, g, 0), np.repeat(mask, g, 0), copied)
@@ -187,10 +196,10 @@ def test_shared_prompt_decode_draws_the_copied_prompts_samples(params, segments,
 
 def test_top_k_one_is_greedy(params):
   toks, mask = _left_pad(ROWS, 8)
-  greedy = sample(
+  greedy = draw(
     params, toks, mask, jax.random.key(0), cfg=TINY, max_new_tokens=6, temperature=0.0, pad_id=PAD
   )
-  k1 = sample(
+  k1 = draw(
     params,
     toks,
     mask,
@@ -206,11 +215,11 @@ def test_top_k_one_is_greedy(params):
 
 def test_stop_at_eos_masks_the_rest(params):
   toks, mask = _left_pad(ROWS, 8)
-  free = sample(
+  free = draw(
     params, toks, mask, jax.random.key(0), cfg=TINY, max_new_tokens=8, temperature=0.0, pad_id=PAD
   )
   eos = int(free.tokens[0, 2])  # row 0 emits this at step 2 (maybe earlier on other rows)
-  out = sample(
+  out = draw(
     params,
     toks,
     mask,
@@ -353,8 +362,8 @@ def test_one_pass_draw_samples_what_the_two_pass_draw_samples(params, group_size
   toks, mask = _left_pad(ROWS, 8)
   kw = dict(cfg=TINY, max_new_tokens=12, temperature=0.7, top_p=0.95, pad_id=PAD, eos_ids=(3,))
   kw.update(group_size=group_size, shared_prompt=shared, cache_segments=3, grow_cache=False)
-  two = sample(params, toks, mask, jax.random.key(12), **kw)
-  one = sample(params, toks, mask, jax.random.key(12), one_pass_draw=True, **kw)
+  two = draw(params, toks, mask, jax.random.key(12), **kw)
+  one = draw(params, toks, mask, jax.random.key(12), one_pass_draw=True, **kw)
   np.testing.assert_array_equal(one.tokens, two.tokens)
   np.testing.assert_array_equal(one.mask, two.mask)
   g = group_size
@@ -370,7 +379,7 @@ def test_sampler_on_sharded_params_matches_single_device(params, decode_weights)
   assert jax.device_count() >= 8, "conftest sets an 8-device CPU platform"
   toks, mask = _left_pad(ROWS + [[3, 4, 5]], 8)
   kw = dict(cfg=TINY, max_new_tokens=6, temperature=1.0, pad_id=PAD)
-  ref = sample(params, toks, mask, jax.random.key(7), **kw)
+  ref = draw(params, toks, mask, jax.random.key(7), **kw)
   mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
   sp = sharding.shard_tree(params, mesh)
   assert sp["layers"]["mlp"]["up"]["kernel"].sharding.spec == jax.sharding.PartitionSpec(
@@ -385,7 +394,7 @@ def test_sampler_on_sharded_params_matches_single_device(params, decode_weights)
     assert placed["up"]["kernel"].spec == jax.sharding.PartitionSpec(None, all8)
     assert placed["down"]["kernel"].spec == jax.sharding.PartitionSpec(all8, None)
     assert ws.columns(TINY.d_ff).spec == jax.sharding.PartitionSpec(None, all8)
-  out = sample(
+  out = draw(
     sp,
     jax.device_put(toks, bs),
     jax.device_put(mask, bs),
@@ -405,7 +414,7 @@ def test_mlp_split_assistant_is_stored_in_its_decode_layout(params):
   PARAM_RULES, so its sampler calls reshard no weight; it draws the 1-device tokens."""
   toks, mask = _left_pad(ROWS + [[3, 4, 5]], 8)
   kw = dict(cfg=TINY, max_new_tokens=6, temperature=1.0, pad_id=PAD)
-  ref = sample(params, toks, mask, jax.random.key(7), **kw)
+  ref = draw(params, toks, mask, jax.random.key(7), **kw)
   mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
   P = jax.sharding.PartitionSpec
   all8 = ("data", "fsdp", "tensor")
@@ -420,10 +429,10 @@ def test_mlp_split_assistant_is_stored_in_its_decode_layout(params):
   bs = sharding.batch_sharding(mesh)
   args = (placed, jax.device_put(toks, bs), jax.device_put(mask, bs), jax.random.key(7))
   ws = sharding.decode_weights(mesh, "mlp_split")
-  out = sample(*args, weights_sharding=ws, **kw)
+  out = draw(*args, weights_sharding=ws, **kw)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   # The compiled sampler moves no MLP kernel (d 48 x d_ff 96) between devices.
-  hlo = sample.lower(*args, weights_sharding=ws, **kw).compile().as_text()
+  hlo = _lower(*args, weights_sharding=ws, **kw).compile().as_text()
   moved = [
     line
     for line in hlo.split("\n")
@@ -433,7 +442,7 @@ def test_mlp_split_assistant_is_stored_in_its_decode_layout(params):
   assert moved == []
   # ... where the params in their training layout (fsdp over d) reshard it once per call.
   sp = sharding.shard_tree(params, mesh)
-  hlo = sample.lower(sp, *args[1:], weights_sharding=ws, **kw).compile().as_text()
+  hlo = _lower(sp, *args[1:], weights_sharding=ws, **kw).compile().as_text()
   assert re.search(r"(all-gather|all-to-all|collective-permute)(-start)?\(", hlo)
 
 
@@ -444,12 +453,12 @@ def test_shared_prompt_decode_on_8_devices_matches_single_device(params, prompts
   the 1-device samples, logprobs to float32 summation order."""
   toks, mask = _left_pad((ROWS + [[3, 4, 5]])[:prompts], 8)
   kw = dict(cfg=TINY, max_new_tokens=6, temperature=1.0, pad_id=PAD, group_size=2)
-  ref = sample(params, toks, mask, jax.random.key(7), shared_prompt=True, **kw)
+  ref = draw(params, toks, mask, jax.random.key(7), shared_prompt=True, **kw)
   mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
   sh = sharding.batch_sharding(mesh) if prompts == 4 else sharding.replicated(mesh)
   put = lambda x: jax.device_put(x, sh)
   sp = sharding.shard_tree(params, mesh)
-  out = sample(sp, put(toks), put(mask), jax.random.key(7), shared_prompt=True, **kw)
+  out = draw(sp, put(toks), put(mask), jax.random.key(7), shared_prompt=True, **kw)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   atol = _logprob_atol(params, np.repeat(toks, 2, 0), np.repeat(mask, 2, 0), ref)
   np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=atol)
@@ -540,3 +549,42 @@ def test_chunked_attention_forward_equals_one_piece(params):
   )
   with pytest.raises(ValueError, match="attn_chunk_bytes"):
     TINY.replace(attn_chunk_bytes=-1)
+
+
+def test_sample_options_from_rollout_reads_every_setting():
+  """SampleOptions.from_rollout: each rollout key lands in its field (non-default values), the
+  tokenizer's ids as given, an override wins, a shared prompt needs a group; equal options are
+  one jit key (values canonicalised), and a bad name or layout fails naming it."""
+  from cooper_jax import sharding  # pylint: disable=import-outside-toplevel
+  from cooper_jax.config import base_config  # pylint: disable=import-outside-toplevel
+
+  ro = base_config().rollout
+  ro.update(
+    max_new_tokens=77,
+    temperature=0.6,
+    top_p=0.8,
+    top_k=9,
+    group_size=5,
+    cache_segments=3,
+    grow_cache=False,
+    shared_prompt_decode=True,
+    one_pass_draw=True,
+    decode_weights="replicated",
+  )
+  mesh = sharding.make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
+  o = SampleOptions.from_rollout(ro, eos_ids=[4, 2], pad_id=1, mesh=mesh)
+  assert (o.max_new_tokens, o.temperature, o.top_p, o.top_k) == (77, 0.6, 0.8, 9)
+  assert (o.group_size, o.cache_segments, o.grow_cache) == (5, 3, False)
+  assert (o.shared_prompt, o.one_pass_draw, o.blocked_draw) == (True, True, False)
+  assert (o.eos_ids, o.pad_id) == ((4, 2), 1)
+  assert o.weights_sharding == sharding.replicated(mesh)
+  ev = SampleOptions.from_rollout(ro, eos_ids=(4, 2), pad_id=1, mesh=mesh, group_size=1)
+  assert ev.group_size == 1 and not ev.shared_prompt  # no group, nothing to share
+  assert hash(o) == hash(o.replace(temperature=0.6)) and o == o.replace(top_p=0.8)
+  assert SampleOptions(max_new_tokens=3, temperature=1) == SampleOptions(max_new_tokens=3)
+  with pytest.raises(TypeError, match="unknown fields \\['top_q'\\]"):
+    SampleOptions.from_rollout(ro, eos_ids=(), pad_id=0, mesh=mesh, top_q=0.5)
+  with pytest.raises(ValueError, match="decode_weights='replicated' needs a mesh"):
+    SampleOptions.from_rollout(ro, eos_ids=(), pad_id=0)
+  with pytest.raises(ValueError, match="one_pass_draw and blocked_draw"):
+    o.replace(blocked_draw=True)

@@ -85,7 +85,7 @@ def logit_diffs(fx, logits_btv, mask_bt) -> dict[str, float]:
 
 
 def run_greedy(cfg, params, fx, tokens, mask):
-  from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
+  from cooper_jax.sampling import SampleOptions, sample  # pylint: disable=import-outside-toplevel
 
   out = sample(
     params,
@@ -93,10 +93,9 @@ def run_greedy(cfg, params, fx, tokens, mask):
     jnp.asarray(mask),
     jax.random.PRNGKey(0),
     cfg=cfg,
-    max_new_tokens=fx["n_new"],
-    temperature=0.0,
-    eos_ids=fx["eos_ids"],
-    pad_id=PAD_ID,
+    options=SampleOptions(
+      max_new_tokens=fx["n_new"], temperature=0.0, eos_ids=fx["eos_ids"], pad_id=PAD_ID
+    ),
   )
   toks, m = np.asarray(out.tokens), np.asarray(out.mask)
   return [toks[i][m[i]] for i in range(len(toks))]

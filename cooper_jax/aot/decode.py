@@ -49,10 +49,9 @@ from cooper_jax.aot.models import (
 )
 from cooper_jax.aot.report import topology_mesh
 from cooper_jax.aot.topology import CHIP_PEAKS, GIB
-from cooper_jax.config import shared_prompt_decode
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import KVCache
-from cooper_jax.sampling import CACHE_SEGMENTS, DecodeState, decode_step, prefill, segment_ends
+from cooper_jax.sampling import DecodeState, SampleOptions, decode_step, prefill, segment_ends
 
 
 @dataclasses.dataclass
@@ -197,44 +196,38 @@ def lower_decode_step(
   mesh,
   rows: int,
   prompt_len: int,
-  new_tokens: int,
+  options: SampleOptions,
   *,
-  group_size: int = 1,
-  temperature: float = 1.0,
-  top_p: float = 1.0,
-  top_k: int = 0,
-  eos_ids: tuple[int, ...] = (),
-  pad_id: int = 0,
   read_slots: int | None = None,
-  weights_sharding=None,
-  shared_prompt: bool = False,
-  one_pass_draw: bool = False,
-  blocked_draw: bool = False,
 ):
-  """(lowered sampling.decode_step, its abstract inputs): the carry donated and kept in its
+  """(lowered sampling.decode_step, its abstract inputs) for `rows` rows after prompts of
+  prompt_len tokens, with `sample`'s options (options.max_new_tokens the cache's new slots,
+  options.group_size rows per prompt): the carry donated and kept in its
   shardings, as the while_loop holds it; the attention reading the first read_slots cache
   slots (default all; with a shared prompt, of the rows' own slots); the weights in
-  `weights_sharding` (None: as the params are), in layouts XLA picks (Layout.AUTO). In
+  options.weights_sharding (None: as the params are), in layouts XLA picks (Layout.AUTO). In
   `sample` the weights are the decode loop's invariants: XLA lays them out for the loop and
   copies a stored layout that differs once per call, before it (compiled alone in their
   stored layouts the step copied the 7B assistant's embedding shard at every step, 0.27 of
   its 3.74 GB per chip on v5e:2x4; tests/test_aot_decode.py)."""
+  o = options
   inputs = abstract_decode_inputs(
-    cfg, mesh, rows, prompt_len, new_tokens, group_size, weights_sharding, shared_prompt
+    cfg,
+    mesh,
+    rows,
+    prompt_len,
+    o.max_new_tokens,
+    o.group_size,
+    o.weights_sharding,
+    o.shared_prompt,
   )
   step = jax.jit(
     functools.partial(
       decode_step,
       cfg=cfg,
-      temperature=temperature,
-      top_p=top_p,
-      top_k=top_k,
-      eos_ids=eos_ids,
-      pad_id=pad_id,
+      options=o,
       read_slots=read_slots,
-      one_pass_draw=one_pass_draw,
-      blocked_draw=blocked_draw,
-      mlp_columns=sharding.decode_mlp_columns(weights_sharding, cfg.d_ff),
+      mlp_columns=sharding.decode_mlp_columns(o.weights_sharding, cfg.d_ff),
     ),
     donate_argnums=1,
     in_shardings=(
@@ -292,8 +285,6 @@ def compile_decode_step(
   `sample`'s cache segments (default rollout.cache_segments; one compile each, each step
   reading its segment's slots) for the average over the decode. Raises TopologyError /
   ConfigError."""
-  if cache_segments is None:
-    cache_segments = c.rollout.get("cache_segments", CACHE_SEGMENTS)
   devices, kind, chips, mesh = topology_mesh(c, topology)
   per_chip = len(devices) / chips
   peaks = CHIP_PEAKS[kind]
@@ -304,32 +295,27 @@ def compile_decode_step(
   if rows % g:
     raise ConfigError(f"rollout.sample_batch_size={rows} must hold whole groups of {g}")
   p_len, n = ro.max_prompt_len, ro.max_new_tokens
-  kw = dict(
-    group_size=g,
-    temperature=ro.temperature,
-    top_p=ro.top_p,
-    top_k=ro.top_k,
+  opts = SampleOptions.from_rollout(
+    ro,
     eos_ids=(cfg.eos_id,) if cfg.eos_id is not None else (),
     pad_id=cfg.pad_id or 0,
-    weights_sharding=sharding.decode_weights(mesh, weights),
-    shared_prompt=shared_prompt_decode(c),
-    one_pass_draw=ro.one_pass_draw,
-    blocked_draw=ro.blocked_draw,
+    mesh=mesh,
+    **({} if cache_segments is None else {"cache_segments": cache_segments}),
   )
-  before = 0 if kw["shared_prompt"] else p_len  # cache slots ahead of the rows' own
-  full = lower_decode_step(cfg, mesh, rows, p_len, n, **kw)[0].compile()
+  before = 0 if opts.shared_prompt else p_len  # cache slots ahead of the rows' own
+  full = lower_decode_step(cfg, mesh, rows, p_len, opts)[0].compile()
   raw_bytes, raw_flops = _cost(full)
   mem = full.memory_analysis()
   # Per device -> per chip (v4's compile-only topologies list 2 TensorCores per chip).
   xb, xf = raw_bytes * per_chip, raw_flops * per_chip
   # The decode's steps, segment by segment, each reading its segment's part of the cache.
-  ends = segment_ends(n, cache_segments)
+  ends = segment_ends(n, opts.cache_segments)
   seg_bytes = [
-    _cost(lower_decode_step(cfg, mesh, rows, p_len, n, read_slots=before + e, **kw)[0].compile())[0]
+    _cost(lower_decode_step(cfg, mesh, rows, p_len, opts, read_slots=before + e)[0].compile())[0]
     for e in ends[:-1]
   ] + [raw_bytes]
   xb_avg = sum((e - s) * b for e, s, b in zip(ends, [0] + ends[:-1], seg_bytes)) / n * per_chip
-  floor = floor_bytes(cfg, mesh, rows, p_len, n, g, kw["shared_prompt"])
+  floor = floor_bytes(cfg, mesh, rows, p_len, n, g, opts.shared_prompt)
   par, cache, cache_avg = (x * per_chip for x in floor)
   itemsize = jnp.dtype(cfg.jnp_dtype).itemsize
   gathered = cfg.num_params() * itemsize / mesh.shape["tensor"] * per_chip
@@ -354,9 +340,9 @@ def compile_decode_step(
     cache_slots=p_len + n,
     n_layers=cfg.n_layers,
     decode_weights=weights,
-    shared_prompt=kw["shared_prompt"],
-    one_pass_draw=kw["one_pass_draw"],
-    blocked_draw=kw["blocked_draw"],
+    shared_prompt=opts.shared_prompt,
+    one_pass_draw=opts.one_pass_draw,
+    blocked_draw=opts.blocked_draw,
     dtype=cfg.dtype,
     param_dtype=cfg.param_dtype,
     hbm_bw=bw,

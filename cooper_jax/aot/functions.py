@@ -34,7 +34,8 @@ from cooper_jax.aot.models import (
   device_bytes,
   model_config,
 )
-from cooper_jax.config import logprob_micro_batch_size, shared_prompt_decode
+from cooper_jax.config import logprob_micro_batch_size
+from cooper_jax.sampling import SampleOptions
 
 FUNCTIONS = (
   "sampler",
@@ -66,29 +67,17 @@ def _round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
 
-def _sampler_spec(
-  mesh,
-  name,
-  cfg,
-  params,
-  rows,
-  prompt,
-  new,
-  temperature,
-  top_p,
-  top_k,
-  calls,
-  group_size=1,
-  **sample_kw,
-):
-  """sample() on `rows` output rows: rows / group_size prompts, each prefilled once and its
-  cache copied to its group_size samples (train.Run.rollout). The prompts are split over the
-  batch devices when they divide evenly, else replicated, as train.py places them."""
+def _sampler_spec(mesh, name, cfg, params, rows, prompt, options, calls):
+  """sample() on `rows` output rows with `options` (sampling.SampleOptions): rows /
+  options.group_size prompts, each prefilled once and its cache copied to its group_size
+  samples (train.Run.rollout). The prompts are split over the batch devices when they divide
+  evenly, else replicated, as train.py places them."""
   from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
 
   i32 = jnp.int32
   n_dev, tensor = mesh.devices.size, mesh.shape["tensor"]
-  u = rows // group_size
+  new = options.max_new_tokens
+  u = rows // options.group_size
   shape = (u, prompt)
   psh = (
     sharding.batch_sharding(mesh)
@@ -98,38 +87,22 @@ def _sampler_spec(
   batch = {k: jax.ShapeDtypeStruct(shape, d, sharding=psh) for k, d in (("t", i32), ("m", bool))}
   rng = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(mesh))
-  kw = dict(
-    cfg=cfg,
-    max_new_tokens=new,
-    temperature=temperature,
-    top_p=top_p,
-    top_k=top_k,
-    eos_ids=(cfg.eos_id,) if cfg.eos_id is not None else (),
-    pad_id=cfg.pad_id or 0,
-    **sample_kw,
-  )
-  if group_size > 1:  # the default stays out of the call, as train.py's assistant passes none
-    kw["group_size"] = group_size
 
   def decode_segments():
     from cooper_jax.aot.decode import lower_decode_step  # pylint: disable=import-outside-toplevel
-    from cooper_jax.sampling import CACHE_SEGMENTS, segment_ends  # pylint: disable=import-outside-toplevel
+    from cooper_jax.sampling import segment_ends  # pylint: disable=import-outside-toplevel
 
-    step_kw = {k: v for k, v in kw.items() if k not in ("cfg", "max_new_tokens")}
-    ends = segment_ends(new, step_kw.pop("cache_segments", CACHE_SEGMENTS))
-    step_kw.pop("grow_cache", None)
-    lower = lambda slots: lower_decode_step(
-      cfg, mesh, rows, prompt, new, read_slots=slots, **step_kw
-    )[0]
+    ends = segment_ends(new, options.cache_segments)
+    lower = lambda slots: lower_decode_step(cfg, mesh, rows, prompt, options, read_slots=slots)[0]
     starts = [0] + ends[:-1]
-    before = 0 if step_kw.get("shared_prompt") else prompt  # cache slots ahead of the rows' own
+    before = 0 if options.shared_prompt else prompt  # cache slots ahead of the rows' own
     return [
       (end - start, lower(None if end == new else before + end)) for start, end in zip(starts, ends)
     ]
 
   return FnSpec(
     name,
-    lambda: sample.lower(params, batch["t"], batch["m"], rng, **kw),
+    lambda: sample.lower(params, batch["t"], batch["m"], rng, cfg=cfg, options=options),
     device_bytes(params),
     device_bytes(params) + device_bytes(batch),
     # FLOPs of the whole call; bytes of the prefill (its activations, the weights once): the
@@ -174,29 +147,12 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       f"rollout.sample_batch_size={sbs} must divide the rollout batch {rows} and hold whole "
       f"groups of {c.rollout.group_size}"
     )
-  ro = c.rollout
-  fns.append(
-    _sampler_spec(
-      mesh,
-      "sampler",
-      pol_cfg,
-      pol_params,
-      sbs,
-      p_len,
-      n_new,
-      ro.temperature,
-      ro.top_p,
-      ro.top_k,
-      rows // sbs,
-      ro.group_size,
-      cache_segments=ro.cache_segments,
-      grow_cache=ro.grow_cache,
-      weights_sharding=sharding.decode_weights(mesh, ro.decode_weights),
-      shared_prompt=shared_prompt_decode(c),
-      one_pass_draw=ro.one_pass_draw,
-      blocked_draw=ro.blocked_draw,
-    )
+  # The model's own end and pad ids stand for the tokenizer's (shapes and cost only).
+  eos = (pol_cfg.eos_id,) if pol_cfg.eos_id is not None else ()
+  options = SampleOptions.from_rollout(
+    c.rollout, eos_ids=eos, pad_id=pol_cfg.pad_id or 0, mesh=mesh
   )
+  fns.append(_sampler_spec(mesh, "sampler", pol_cfg, pol_params, sbs, p_len, options, rows // sbs))
 
   pmb, chunk = c.policy.micro_batch_size, c.policy.logprob_chunk
   lmb = logprob_micro_batch_size(c)
@@ -367,20 +323,16 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
       persistent["assistant_params"] = device_bytes(a_params)
       a_rows = max(1 << (c.rollout.prompts_per_step - 1).bit_length(), 1)
       a_rows = _round_up(a_rows, mesh.shape["data"] * mesh.shape["fsdp"])
+      # As rewrite.LLMRewriteNegatives samples: top-p 1, one row per prompt, the rest default.
+      a_options = SampleOptions(
+        max_new_tokens=c.pairs.assistant_max_new_tokens,
+        temperature=c.pairs.assistant_temperature,
+        eos_ids=(a_cfg.eos_id,) if a_cfg.eos_id is not None else (),
+        pad_id=a_cfg.pad_id or 0,
+        weights_sharding=sharding.decode_weights(mesh, c.pairs.assistant_decode_weights),
+      )
+      a_prompt = _round_up(seq, 64)
       fns.append(
-        _sampler_spec(
-          mesh,
-          "assistant_sampler",
-          a_cfg,
-          a_params,
-          a_rows,
-          _round_up(seq, 64),
-          c.pairs.assistant_max_new_tokens,
-          c.pairs.assistant_temperature,
-          1.0,
-          0,
-          1,
-          weights_sharding=sharding.decode_weights(mesh, c.pairs.assistant_decode_weights),
-        )
+        _sampler_spec(mesh, "assistant_sampler", a_cfg, a_params, a_rows, a_prompt, a_options, 1)
       )
   return fns, persistent

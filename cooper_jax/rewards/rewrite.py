@@ -115,6 +115,18 @@ class LLMRewriteNegatives:
     self.collective = mesh is not None
     # The sampler's weight layout on the mesh (config pairs.assistant_decode_weights).
     self.decode_weights = decode_weights if mesh is not None else "sharded"
+    from cooper_jax import sharding  # pylint: disable=import-outside-toplevel
+    from cooper_jax.sampling import SampleOptions  # pylint: disable=import-outside-toplevel
+
+    # The assistant sampler's options, but for each call's budget (`_sample`).
+    self.options = SampleOptions(
+      max_new_tokens=max_new_tokens,
+      temperature=temperature,
+      top_p=top_p,
+      eos_ids=tuple(tokenizer.eos_ids),
+      pad_id=tokenizer.pad_id,
+      weights_sharding=None if mesh is None else sharding.decode_weights(mesh, decode_weights),
+    )
 
   @classmethod
   def from_config(cls, c, mesh) -> LLMRewriteNegatives:
@@ -227,23 +239,10 @@ class LLMRewriteNegatives:
     return dist.fetch_local_rows(out.tokens), dist.fetch_local_rows(out.mask)
 
   def _sample(self, tokens, mask, keys, max_new_tokens):
-    from cooper_jax import sharding  # pylint: disable=import-outside-toplevel
     from cooper_jax.sampling import sample  # pylint: disable=import-outside-toplevel
 
-    ws = None if self.mesh is None else sharding.decode_weights(self.mesh, self.decode_weights)
-    return sample(
-      self.params,
-      tokens,
-      mask,
-      keys,
-      cfg=self.cfg,
-      max_new_tokens=max_new_tokens,
-      temperature=self.temperature,
-      top_p=self.top_p,
-      eos_ids=tuple(self.tokenizer.eos_ids),
-      pad_id=self.tokenizer.pad_id,
-      weights_sharding=ws,
-    )
+    options = self.options.replace(max_new_tokens=max_new_tokens)
+    return sample(self.params, tokens, mask, keys, cfg=self.cfg, options=options)
 
 
 @functools.cache
