@@ -119,7 +119,7 @@ class Run:
 
     # The RM update of step t in a worker thread while step t + 1 samples (train.overlap_rm_update;
     # one process only): its metrics join step t's dict when it is joined (finish_rm_update).
-    overlap = c.train.get("overlap_rm_update", False) and dist.process_count() == 1
+    overlap = c.train.overlap_rm_update and dist.process_count() == 1
     self._rm_pool = ThreadPoolExecutor(1, thread_name_prefix="rm_update") if overlap else None
     self._rm_pending = None  # (future, the metrics dict of its step)
 
@@ -498,7 +498,7 @@ def train(c, workdir: str, reward=None) -> Run:
   stop_signals = (signal.SIGTERM, signal.SIGINT)
   prev = {s: signal.signal(s, _on_stop_signal) for s in stop_signals}
   try:
-    total = c.train.get("stop_after", 0) or c.train.steps  # the schedules span train.steps
+    total = c.train.stop_after or c.train.steps  # the schedules span train.steps
     if c.train.eval_every and run.step == 0:
       run.writer.write(0, run.evaluate())  # the curves start at the initial policy
     # A bar on a terminal; under nohup or a scheduler a plain line per step (a bar's carriage
@@ -602,5 +602,21 @@ def main(argv):
     raise SystemExit(f"error: {e}") from None
 
 
-if __name__ == "__main__":
+def cli() -> None:
+  """Console-script entry point (pyproject.toml) and `python -m cooper_jax.train`."""
+  import sys  # pylint: disable=import-outside-toplevel
+
+  from cooper_jax.cli import (  # pylint: disable=import-outside-toplevel
+    refuse_unknown_config_keys,
+    wants_help,
+  )
+
+  if wants_help(__doc__, __name__):
+    return
+  if refuse_unknown_config_keys("cooper-train"):
+    sys.exit(2)
   app.run(main)
+
+
+if __name__ == "__main__":
+  cli()
