@@ -40,11 +40,12 @@ from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa
 from cooper_jax.evaluate import evaluate_model
 from cooper_jax.host_platform import use_compilation_cache
-from cooper_jax.metrics import JsonlLog, MetricsWriter, progress_line, samples_markdown, step_line
+from cooper_jax.metrics import progress_line, step_line
 from cooper_jax.paths import as_path
 from cooper_jax.prompts import build_prompts
 from cooper_jax.reward_modes import Rollouts, make_reward_mode
 from cooper_jax.rewards.verify import RuleVerifier
+from cooper_jax.run_outputs import RunOutputs
 from cooper_jax.sampling import SampleOptions, sample
 from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import load_from_config
@@ -158,20 +159,10 @@ class Run:
       logging.info("resumed from %s at step %d", self.store.directory, self.step)
       if self.config_changes is None:
         logging.warning("%s has no config record: this config is not compared", self.workdir)
-    self.start_record = run_records.write_start(c, self.workdir, self.step, self.config_changes)
-    self.writer = MetricsWriter(self.workdir, resume_step=self.step, active=dist.is_primary())
-    self.rollout_log = JsonlLog(
-      self.workdir / "rollouts.jsonl",
-      self.step,
-      active=dist.is_primary() and c.train.save_rollouts > 0,
-    )
+    start_record = run_records.write_start(c, self.workdir, self.step, self.config_changes)
     # A reward source that builds RM pairs hands them over by pop_pair_records.
     self.makes_pairs = hasattr(self.reward, "pop_pair_records")
-    self.pair_log = JsonlLog(
-      self.workdir / "pairs.jsonl",
-      self.step,
-      active=dist.is_primary() and self.makes_pairs and c.train.save_pairs > 0,
-    )
+    self.out = RunOutputs(c, self.workdir, self.step, self.makes_pairs, start_record)
 
   # ------------------------------------------------------------------------------ one step
   def rng(self, step: int) -> jax.Array:
@@ -334,7 +325,7 @@ class Run:
     rewards, rm = self.reward.rewards(ro)  # the whole batch's, on every process
     m.update(rm)
     m["reward/mean"] = float(rewards.mean())
-    self._save_rollouts(ro, rewards, step)
+    self.out.write_rollouts(ro, rewards, step)
     adv = losses.grpo_advantages(
       jnp.asarray(rewards), group, scale_by_std=c.policy.loss.scale_adv_by_std
     )
@@ -389,10 +380,7 @@ class Run:
     thread, in step order, before the step's metrics line)."""
     rm, pairs = result
     m.update(rm)
-    self.pair_log.append(pairs)
-    if pairs and self.pair_log.active:
-      keys = ("question", "reference", "positive", "negative", "reason", "candidates")
-      self.writer.write_text(pairs[0]["step"], "samples/pairs", samples_markdown(pairs, keys))
+    self.out.write_pairs(pairs)
 
   @property
   def rm_update_pending(self) -> bool:
@@ -405,26 +393,6 @@ class Run:
       future, m = self._rm_pending
       self._rm_pending = None
       self._join_rm_update(m, future.result())
-
-  def _save_rollouts(self, ro: Rollouts, rewards: np.ndarray, step: int) -> None:
-    """The first train.save_rollouts of this process's rollouts (the primary writes its own)."""
-    k = min(self.c.train.save_rollouts, len(ro.texts))
-    rows = [
-      {
-        "step": step + 1,  # the step these rollouts trained (as in metrics.jsonl)
-        "row": int(ro.index[i]),
-        "question": ro.questions[i],
-        "reference": str(ro.refs[i]),
-        "response": ro.texts[i],
-        "rule_correct": bool(ro.correct[i]),
-        "reward": float(rewards[ro.index[i]]),
-      }
-      for i in range(k)
-    ]
-    self.rollout_log.append(rows)
-    if rows and self.rollout_log.active:
-      keys = ("question", "reference", "response", "rule_correct", "reward")
-      self.writer.write_text(step + 1, "samples/rollouts", samples_markdown(rows, keys))
 
   # ----------------------------------------------------------------------------- plumbing
   def evaluate(self) -> dict:
@@ -466,28 +434,10 @@ class Run:
     path = self.store.save(self.step, self.policy_state, self.reward.state, meta)
     logging.info("checkpoint step %d -> %s", self.step, path)
 
-  def artefacts(self) -> list[tuple[str, str]]:
-    """(what, where) of everything the run has written (the primary's), for the end print."""
-    w, steps = self.workdir, self.store.steps()
-    out = [
-      ("config", f"{w / 'config.json'} (this start: {self.start_record})"),
-      ("metrics", str(w / "metrics.jsonl")),
-    ]
-    if self.rollout_log.active:
-      out.append(("rollouts", str(w / "rollouts.jsonl")))
-    if self.pair_log.active:
-      out.append(("pairs", str(w / "pairs.jsonl")))
-    if self.writer.tb is not None:
-      out.append(("tensorboard", str(w / "tensorboard")))
-    out.append(("checkpoints", f"{self.store.directory} (steps {', '.join(map(str, steps))})"))
-    return out
-
   def close(self):
     if self._rm_pool is not None:
       self._rm_pool.shutdown(wait=True)
-    self.writer.close()
-    self.rollout_log.close()
-    self.pair_log.close()
+    self.out.close()
     self.verifier.close()
     self.store.close()
 
@@ -500,7 +450,7 @@ def train(c, workdir: str, reward=None) -> Run:
   try:
     total = c.train.stop_after or c.train.steps  # the schedules span train.steps
     if c.train.eval_every and run.step == 0:
-      run.writer.write(0, run.evaluate())  # the curves start at the initial policy
+      run.out.write(0, run.evaluate())  # the curves start at the initial policy
     # A bar on a terminal; under nohup or a scheduler a plain line per step (a bar's carriage
     # returns would fill the log).
     plain = dist.is_primary() and not sys.stderr.isatty()
@@ -515,7 +465,7 @@ def train(c, workdir: str, reward=None) -> Run:
 
     def log(step: int, m: dict) -> None:
       nonlocal recent
-      run.writer.write(step, m)
+      run.out.write(step, m)
       if plain:
         logging.info("%s", step_line(step, total, m))
       bar.update(1)
@@ -555,7 +505,7 @@ def train(c, workdir: str, reward=None) -> Run:
     if waiting is not None:
       log(*waiting)
     bar.close()
-    artefacts = run.artefacts()
+    artefacts = run.out.artefacts(run.store)
   finally:
     for s, handler in prev.items():
       signal.signal(s, handler)
