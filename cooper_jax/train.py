@@ -547,6 +547,12 @@ def main(argv):
   for handler in logging.getLogger().handlers:
     handler.addFilter(lambda r: "/orbax/" not in r.pathname or r.levelno >= logging.WARNING)
   try:
+    # A bad value (a misspelt optimizer or schedule, sizes that do not divide) is the user's
+    # to fix, as a changed config on resume is: one line, no traceback, nothing written.
+    config_lib.validate(_CONFIG.value, jax.device_count())
+  except ValueError as e:
+    raise SystemExit(f"config error: {e}") from None
+  try:
     train(_CONFIG.value, _WORKDIR.value)
   except run_records.ConfigChanged as e:  # a user's choice to make, not a crash: no traceback
     raise SystemExit(f"error: {e}") from None

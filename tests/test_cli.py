@@ -56,3 +56,20 @@ def test_an_unknown_config_key_is_named_with_what_its_section_holds(tmp_path):
   )
   assert r.returncode == 2 and "no key 'stepz' in train" in r.stderr, r.stderr[-2000:]
   assert not work.exists()
+
+
+def test_a_bad_config_value_is_one_line_and_writes_nothing(tmp_path):
+  """A misspelt optimizer name passes the key check (the key exists) and fails validation: the
+  command says which value and what is allowed, without a traceback, before any workdir."""
+  exe = Path(sys.executable).parent / "cooper-train"
+  work = tmp_path / "run"
+  cfg = str(ROOT / "experiments" / "tiny.py")
+  r = subprocess.run(
+    [str(exe), f"--config={cfg}", "--config.rm.optim.name=lino", f"--workdir={work}"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert r.returncode == 1, r.stderr[-2000:]
+  assert "config error: config.rm.optim.name='lino': expected one of" in r.stderr
+  assert "Traceback" not in r.stderr and not work.exists()
