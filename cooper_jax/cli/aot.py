@@ -16,19 +16,13 @@ not fit, 2 bad topology or config. Library: the cooper_jax.aot package.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-# Compile-only: never open a local TPU/GPU, and do not take libtpu's machine-wide lock. Must be
-# set before jax is imported.
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-# Bytes counted as HBM bytes (v5e VMEM prefetching off), as docs/tpu.md counts them, unless
-# LIBTPU_INIT_ARGS already holds an xla_vf_vmem setting; libtpu reads it when it starts.
-from cooper_jax.cli.hbm_count import hbm_count_kind, use_hbm_count  # noqa: E402
+# Compile-only, bytes as HBM bytes: set before jax is imported (cli/hbm_count.py).
+from cooper_jax.cli.hbm_count import compile_only_environment, hbm_count_kind  # noqa: E402
 
-HBM_COUNT = use_hbm_count()
+HBM_COUNT = compile_only_environment()
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

@@ -17,6 +17,15 @@ VMEM_FLAG = "--xla_vf_vmem_memory_space_assignment=false"
 _SETTING = "xla_vf_vmem"  # any value of the flag the user gave: theirs stands
 
 
+def compile_only_environment(environ: MutableMapping[str, str] = os.environ) -> str:
+  """What the AOT tools set before jax is imported: the CPU backend only (never open a local
+  TPU/GPU), libtpu loadable beside another process (no machine-wide lock), and the HBM count
+  (use_hbm_count). Returns use_hbm_count's header line."""
+  environ["JAX_PLATFORMS"] = "cpu"
+  environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  return use_hbm_count(environ)
+
+
 def use_hbm_count(environ: MutableMapping[str, str] = os.environ) -> str:
   """Adds VMEM_FLAG to LIBTPU_INIT_ARGS unless it already holds an xla_vf_vmem setting (other
   libtpu arguments are kept). Returns the line the tool prints in its header: which count its
