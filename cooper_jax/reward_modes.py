@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from cooper_jax import distributed as dist
-from cooper_jax import merge, optim, registry, sharding, steps
+from cooper_jax import merge, registry, run_steps, sharding, steps
 from cooper_jax.io import read_jsonl
 from cooper_jax.metrics import reward_hacking_monitors
 from cooper_jax.prompts import encode_rm_inputs, widen_left
@@ -129,9 +129,7 @@ class StaticRMReward(RuleReward):
     self.tokenizer = load_tokenizer(tok_src)
     self.opt = self.optimizer(c)
     self.state = sharding.shard_tree(steps.init_state(params, self.opt), mesh)
-    self.reward_fn = steps.make_reward_fn(
-      self.cfg, mesh, params, micro_batch_size=c.rm.score_micro_batch_size
-    )
+    self.reward_fn = run_steps.reward_fn(c, self.cfg, mesh, params)
     self.eval_pairs = (
       _read_rows(c.data.rm_eval_pairs, ("question", "answer", "positive", "negative"))
       if c.data.rm_eval_pairs
@@ -145,8 +143,7 @@ class StaticRMReward(RuleReward):
   @staticmethod
   def optimizer(c):
     """Frozen: no optimizer state (AdamW moments would take two more copies of the RM)."""
-    del c
-    return optim.frozen()
+    return run_steps.rm_optimizer(c, trains_rm=False)
 
   def score(self, questions, refs, texts, n_total: int | None = None) -> tuple[np.ndarray, int]:
     """(reward in (0, 1) per text, number of RM inputs cut to rm.max_len). n_total=None: the
@@ -257,7 +254,7 @@ class CooperReward(StaticRMReward):
 
   @staticmethod
   def optimizer(c):
-    return optim.make_optimizer(c.rm.optim, c.train.steps)
+    return run_steps.rm_optimizer(c, trains_rm=True)
 
   def update(self, ro: Rollouts, step: int) -> dict:
     """One RM step on pairs from this process's groups (every process takes part)."""
@@ -313,15 +310,7 @@ class CooperReward(StaticRMReward):
       n_rows = int(rb["valid"].shape[0])
       m["rm/pair_rows"] = n_rows
       if n_rows not in self._rm_steps:
-        self._rm_steps[n_rows] = steps.make_rm_step(
-          self.cfg,
-          "bt",
-          self.opt,
-          self.mesh,
-          self.state,
-          rb,
-          micro_batch_size=c.rm.micro_batch_size,
-        )
+        self._rm_steps[n_rows] = run_steps.rm_step(c, self.cfg, self.opt, self.mesh, self.state, rb)
       per_update = []
       for _ in range(c.rm.updates_per_step):  # 1 = the paper; K > 1 reuses the pairs K times
         self.state, rmm = self._rm_steps[n_rows](self.state, rb)

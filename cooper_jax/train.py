@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from cooper_jax import config as config_lib
 from cooper_jax import distributed as dist
-from cooper_jax import losses, merge, optim, run_records, sharding, steps
+from cooper_jax import losses, merge, optim, run_records, run_steps, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa
 from cooper_jax.evaluate import evaluate_model
@@ -82,15 +82,9 @@ class Run:
     self.config_changes = run_records.check_restart(c, self.workdir)
     self.mesh = sharding.make_mesh(**c.mesh)
     self.group = c.rollout.group_size
-    # Rows per shared prompt in the policy batches: `rollout` returns each prompt's G rows
-    # together (np.repeat of the prompts), the order the policy step keeps.
-    self.prompt_group = self.group if c.policy.share_prompt else 1
-    # Merged batches (config policy.merge_duplicate_rows) say each row's prompt by index.
-    self.merge = c.policy.merge_duplicate_rows
-    self.n_prompts = c.rollout.prompts_per_step if self.merge and c.policy.share_prompt else 0
-    self.pack = c.policy.pack_rows  # config.validate: only with n_prompts > 0
-    if self.merge:
-      self.prompt_group = 1
+    # How the policy batches hold their rows (shared prompts, merged or packed rows): one
+    # object that the AOT tool builds too (run_steps).
+    self.layout = run_steps.PolicyLayout.of(c)
 
     self.policy_cfg, policy_params, self.tok_src = load_from_config(c.policy, "lm", c.seed)
     self.tokenizer = load_tokenizer(self.tok_src)
@@ -105,16 +99,8 @@ class Run:
       if c.policy.loss.kl_coef > 0
       else None
     )
-    self.logprob_fn = steps.make_logprob_fn(
-      self.policy_cfg,
-      self.mesh,
-      policy_params,
-      micro_batch_size=config_lib.logprob_micro_batch_size(c),
-      logprob_chunk=c.policy.logprob_chunk,
-      temperature=c.rollout.temperature,
-      prompt_group=self.prompt_group,
-      n_prompts=self.n_prompts,
-      packed=self.pack,
+    self.logprob_fn = run_steps.logprob_fn(
+      c, self.layout, self.policy_cfg, self.mesh, policy_params
     )
     self._policy_step = None
 
@@ -219,10 +205,7 @@ class Run:
     needs them (`train_step` dispatches that pass as soon as the tokens exist)."""
     c = self.c
     b = batch["advantages"].shape[0]
-    mb = c.policy.ppo_mini_batch_size or b
-    n_updates = c.policy.ppo_epochs * (b // mb)
-    # Mini-batches of random rows break the groups; whole-batch updates keep them.
-    group = self.prompt_group if mb == b else 1
+    mb, n_updates = run_steps.policy_updates(c, b)
     if n_updates == 1:
       batches = [batch]
     else:
@@ -239,18 +222,16 @@ class Run:
             }
           )
     if self._policy_step is None:
-      self._policy_step = steps.make_policy_step(
+      # Mini-batches of random rows break the groups; whole-batch updates keep them.
+      self._policy_step = run_steps.policy_step(
+        c,
+        self.layout,
         self.policy_cfg,
-        c.policy.loss,
         self.policy_opt,
         self.mesh,
         self.policy_state,
         batches[0],
-        micro_batch_size=c.policy.micro_batch_size,
-        logprob_chunk=c.policy.logprob_chunk,
-        temperature=c.rollout.temperature,
-        prompt_group=group,
-        n_prompts=self.n_prompts,
+        whole=mb == b,
       )
     lr = float(self.policy_lr(int(self.policy_state["step"])))  # the lr of the first update
     per_update = []
@@ -285,10 +266,10 @@ class Run:
     self.finish_rm_update()
     resp_len = dist.gather_rows(own, out_mask.sum(1), n)
     w = _bucket(int(resp_len.max()), c.rollout.response_pad_multiple, c.rollout.max_new_tokens)
-    if self.merge:  # distinct rows only, on every process alike
+    if self.layout.merge:  # distinct rows only, on every process alike
       resp = dist.gather_rows(own, out_tok[:, :w], n)
       merger = merge.MergedStep(
-        self.mesh, self.group, self.n_prompts, tok, mask, resp, resp_len, pack=self.pack
+        self.mesh, group, self.layout.n_prompts, tok, mask, resp, resp_len, pack=self.layout.packed
       )
       batch = merger.ref_batch()
     else:
@@ -331,7 +312,7 @@ class Run:
     )
     adv = np.asarray(adv, np.float32)
     sampler_logp = _first_columns(out.logprobs.astype(jnp.float32), w)
-    if self.merge:
+    if self.layout.merge:
       batch = merger.policy_batch(adv, sampler_logp, batch.get("ref_logp"))
       m["policy/rows"], m["policy/distinct_rows"] = merger.rows, merger.distinct
       m["policy/token_fill"] = merger.fill

@@ -1,5 +1,5 @@
-"""The jitted functions one iteration of cooper_jax.train runs, built exactly as train.py and
-reward_modes.py build them, with abstract inputs, their analytic cost and the per-device bytes
+"""The jitted functions one iteration of cooper_jax.train runs, built by the functions train.py
+and reward_modes.py build them with (cooper_jax.run_steps), with abstract inputs, their analytic cost and the per-device bytes
 of what stays on the chip all iteration (states, frozen parameters)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from cooper_jax import optim, sharding, steps
+from cooper_jax import optim, run_steps, sharding, steps
 from cooper_jax.aot.cost import (
   Cost,
   chunked_head_bytes,
@@ -156,28 +156,16 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
 
   pmb, chunk = c.policy.micro_batch_size, c.policy.logprob_chunk
   lmb = logprob_micro_batch_size(c)
-  # As train.py: rows of a group share their prompt's forward (policy.share_prompt), within
-  # each strided micro-batch as steps.micro_prompt_group allows.
-  group = c.rollout.group_size if c.policy.share_prompt else 1
-  lp_shapes = {
-    "prompt_tokens": ((rows, p_len), i32),
-    "prompt_mask": ((rows, p_len), bool),
-    "response_tokens": ((rows, n_new), i32),
-    "response_mask": ((rows, n_new), bool),
-  }
+  # The batches as train builds them (shared prompts, merged or packed rows: run_steps), at
+  # their largest: every rollout row distinct, responses at max_new_tokens.
+  layout = run_steps.PolicyLayout.of(c)
+  p_rows, n_updates = run_steps.policy_updates(c, rows)
+  lp_shapes, _ = run_steps.policy_batch_shapes(layout, rows, p_len, n_new, kl=kl, old_logp=False)
   if kl:
     lp_batch = abstract_batch(mesh, lp_shapes)
-    lp_fn = steps.make_logprob_fn(
-      pol_cfg,
-      mesh,
-      pol_params,
-      micro_batch_size=lmb,
-      logprob_chunk=chunk,
-      temperature=c.rollout.temperature,
-      prompt_group=group,
-    )
+    lp_fn = run_steps.logprob_fn(c, layout, pol_cfg, mesh, pol_params)
     n_lp_micro = steps.micro_count(rows, lmb, mesh)
-    g_lp = steps.micro_prompt_group(group, n_lp_micro)
+    g_lp = steps.micro_prompt_group(layout.shared_prompt_rows(), n_lp_micro)
     fwd_acts = shared_forward_bytes(pol_cfg, rows, p_len, n_new, n_new, tensor, g_lp)
     fns.append(
       FnSpec(
@@ -199,16 +187,12 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
     rm_cfg = model_config(c.rm, "score")
     rm_params = abstract_params(rm_cfg, mesh)
     w_rm = weight_bytes(rm_cfg)
-    # As reward_modes: AdamW for the co-trained RM, no optimizer state for a static one.
-    rm_opt = (
-      optim.make_optimizer(c.rm.optim, c.train.steps)
-      if c.reward_mode == "cooper"
-      else optim.frozen()
-    )
+    # As reward_modes: rm.optim for the co-trained RM, no optimizer state for a static one.
+    rm_opt = run_steps.rm_optimizer(c, trains_rm=c.reward_mode == "cooper")
     rm_state = abstract_state(rm_params, rm_opt, mesh)
     persistent["rm_state"] = device_bytes(rm_state)
     r_batch = abstract_batch(mesh, {"t": ((rows, rm_len), i32), "m": ((rows, rm_len), bool)})
-    r_fn = steps.make_reward_fn(rm_cfg, mesh, rm_params, micro_batch_size=smb)
+    r_fn = run_steps.reward_fn(c, rm_cfg, mesh, rm_params)
     fns.append(
       FnSpec(
         "rm_reward",
@@ -230,33 +214,14 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
 
   # policy_update: one update on the whole batch, or ppo_epochs x (rows / ppo_mini_batch_size)
   # updates of that many rows, which then carry old_logp. sampler_logp is always there.
-  p_rows = c.policy.ppo_mini_batch_size or rows
-  n_updates = c.policy.ppo_epochs * (rows // p_rows)
-  pb_shapes = {
-    k: ((p_rows, *s[1:]), d) for k, (s, d) in lp_shapes.items()
-  }  # the batch's rows, cut to the mini-batch
-  pb_shapes["advantages"] = ((p_rows,), f32)
-  pb_shapes["sampler_logp"] = ((p_rows, n_new), f32)
-  if kl:
-    pb_shapes["ref_logp"] = ((p_rows, n_new), f32)
-  if n_updates > 1:
-    pb_shapes["old_logp"] = ((p_rows, n_new), f32)
+  _, pb_shapes = run_steps.policy_batch_shapes(
+    layout, p_rows, p_len, n_new, kl=kl, old_logp=n_updates > 1
+  )
   p_batch = abstract_batch(mesh, pb_shapes)
   n_p_micro = steps.micro_count(p_rows, pmb, mesh)
-  p_group = group if p_rows == rows else 1  # random mini-batch rows break the groups
-  g_p = steps.micro_prompt_group(p_group, n_p_micro)
-  p_fn = steps.make_policy_step(
-    pol_cfg,
-    c.policy.loss,
-    pol_opt,
-    mesh,
-    pol_state,
-    p_batch,
-    micro_batch_size=pmb,
-    logprob_chunk=chunk,
-    temperature=c.rollout.temperature,
-    prompt_group=p_group,
-  )
+  whole = p_rows == rows  # random mini-batch rows break the groups
+  g_p = steps.micro_prompt_group(layout.shared_prompt_rows() if whole else 1, n_p_micro)
+  p_fn = run_steps.policy_step(c, layout, pol_cfg, pol_opt, mesh, pol_state, p_batch, whole=whole)
   fns.append(
     FnSpec(
       "policy_step",
@@ -293,7 +258,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
         "valid": ((pairs,), f32),
       },
     )
-    rm_fn = steps.make_rm_step(rm_cfg, "bt", rm_opt, mesh, rm_state, rb, micro_batch_size=rmb)
+    rm_fn = run_steps.rm_step(c, rm_cfg, rm_opt, mesh, rm_state, rb)
     fns.append(
       FnSpec(
         "rm_step",
