@@ -41,7 +41,10 @@ def agg_loss(loss_bt, mask_bt, agg: str = "token_mean", row_weight_b=None):
   """Reduce a per-token loss matrix to a scalar, as verl's `agg_loss`.
 
   token_mean:          sum(loss * mask) / sum(mask) over the whole batch (paper setting;
-                       long responses weigh more, every token counts equally).
+                       long responses weigh more, every token counts equally). Split into
+                       micro-batches (steps.Mean) it stays the whole batch's mean; verl 0.4.1
+                       averages each micro-batch and divides by their count, so its loss moves
+                       with the split (docs/parity.md).
   seq_mean_token_mean: mean over the B rows of each row's token mean (original GRPO).
   seq_mean_token_sum:  mean over the B rows of each row's token sum (Dr.GRPO-style).
   Both seq modes average over all B rows like verl's torch.mean; a row with no tokens
@@ -183,7 +186,7 @@ def kl_penalty(logp_bt, ref_logp_bt, kind: str = "low_var_kl"):
   if kind in ("k3", "low_var_kl"):
     # TRAP: clamping only the output is not enough for gradients: for d > ~88 exp(d) is
     # inf in float32 and the clamp's zero cotangent times inf gives NaN.  Clamp d to
-    # [-20, 20] first (newer verl does the same); the output clamp then binds at 10.
+    # [-20, 20] first (verl 0.4.1 does the same); the output clamp then binds at 10.
     d_bt = jnp.clip(ref_logp_bt - logp_bt, -20.0, 20.0)
     return jnp.clip(jnp.exp(d_bt) - d_bt - 1.0, -10.0, 10.0)
   raise ValueError(f"unknown kl kind {kind!r}; expected one of {KL_KINDS}")
@@ -237,6 +240,10 @@ def bradley_terry_loss(score_pos_p, score_neg_p, valid_p):
   Pairs are dropped when a prompt had no correct rollout or the assistant LLM failed to
   produce a verified-wrong negative, so valid_p can be all False: then loss = 0 and the
   gradient is exactly 0 (where-select + denominator clamped at 1), not NaN.
+  Over micro-batches it stays the mean over all valid pairs (steps.Mean). The reference
+  (recipe/cooper/dp_reward.py) divides each micro-batch's sum by its valid.sum() + 1e-6 and
+  then by the micro-batch count, so a micro-batch with one valid pair weighs as much as a full
+  one, and one with none still counts in the divisor (docs/parity.md).
   TRAP: log(sigmoid(m)) underflows to -inf for m << 0; jax.nn.log_sigmoid is stable.
   """
   margin_p = score_pos_p.astype(jnp.float32) - score_neg_p.astype(jnp.float32)

@@ -257,7 +257,12 @@ class CooperReward(StaticRMReward):
     return run_steps.rm_optimizer(c, trains_rm=True)
 
   def update(self, ro: Rollouts, step: int) -> dict:
-    """One RM step on pairs from this process's groups (every process takes part)."""
+    """One RM step on pairs from this process's groups (every process takes part).
+
+    A step with no valid pair takes no RM step: params, AdamW moments and the lr schedule
+    (which counts only the steps taken) stay as they are. The reference runs its optimizer and
+    scheduler step anyway: a zero gradient, but AdamW's momentum and weight decay still move
+    the weights (docs/parity.md)."""
     c = self.c
     group = c.rollout.group_size
     first_prompt = int(ro.index[0]) // group

@@ -357,6 +357,9 @@ def make_train_step(
   micro-batches whose gradients and stats accumulate under a lax.scan (peak activation memory
   of one micro-batch); Means combine with whole-batch denominators, so loss, metrics and the
   update equal the one-shot step up to float rounding. 0 (or b) = the whole batch at once.
+  (verl 0.4.1's actor and the Cooper reference's RM step instead divide each micro-batch's
+  mean by the micro-batch count: their token-mean and valid-pair mean move with the split;
+  docs/parity.md.)
 
   State shardings follow the parameter rules, batch rows are split over (data, fsdp), the
   state buffer is donated (do not reuse the state passed in).

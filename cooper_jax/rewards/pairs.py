@@ -202,10 +202,12 @@ def check_negatives(
 ) -> list[str | None]:
   """The one acceptance rule: None where a negative is accepted, else its reject reason.
 
-  Accepted only when math-verify says the answers differ. The reference code also accepts
-  a negative with no parseable answer (`not verify([], pos)` is True); by default we reject
-  it ("no_answer"): an RM trained on such pairs can learn "no \\boxed{} -> wrong" instead
-  of checking the answer. Timeouts and verifier errors are rejects, never accepts.
+  Accepted only when math-verify says the answers differ (in either direction:
+  verify.differ_one). The reference code checks one direction and also accepts a negative
+  with no parseable answer (`not verify([], pos)` is True) or whose check timed out
+  (math-verify's verify returns False); by default we reject the first ("no_answer"): an RM
+  trained on such pairs can learn "no \\boxed{} -> wrong" instead of checking the answer.
+  Timeouts and verifier errors are rejects, never accepts (docs/parity.md).
   """
   reasons: list[str | None] = ["empty"] * len(negatives)
   live = [i for i, neg in enumerate(negatives) if neg and neg.strip()]
@@ -289,10 +291,16 @@ def build_pairs(
   has rows without a negative.
 
   questions/references: one per prompt; completions/correct_b: n_prompts * group_size
-  rollouts, prompt-major. stats: n_prompts, n_with_positive, n_valid, valid_pair_rate
-  (valid / prompts, the reference code's reward/valid_rate), negative_tries (candidates
-  made), rejects by reason (every rejected candidate), dropped_no_positive,
-  dropped_max_tries, verifier_restarts, negatives_s, check_s.
+  rollouts, prompt-major. completions are the decoded responses (the EOS, a special token,
+  is not in the text; a rollout cut at the length limit keeps its last token), and a pair's
+  positive and negative reach the RM as such plain text. The reference drops the positive's
+  last token assuming it is EOS (a real token when truncated) before the assistant and the
+  acceptance check see it, and its negatives pass through the chat template and reach the RM
+  ending in a newline where positives do not (docs/parity.md).
+  stats: n_prompts, n_with_positive, n_valid, valid_pair_rate (valid / prompts, the
+  reference code's reward/valid_rate), negative_tries (candidates made), rejects by reason
+  (every rejected candidate), dropped_no_positive, dropped_max_tries, verifier_restarts,
+  negatives_s, check_s.
   """
   n = len(questions)
   if len(references) != n:

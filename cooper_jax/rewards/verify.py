@@ -132,9 +132,13 @@ def verify_one(completion: str, reference) -> tuple[str, bool, str | None]:
 def differ_one(a_text: str, b_text: str) -> tuple[str, bool, str | None]:
   """Default differ function: (status, differ, "a_ans | b_ans").
 
-  Same rule as the Cooper reference code (`not verify(parse(neg), parse(pos))`): a text with
-  no parseable answer counts as differing; its status is then "no_answer" so callers can be
-  stricter.
+  Not the Cooper reference code's rule, which checks one direction,
+  `not verify(parse(neg), parse(pos))`, and so accepts a negative with no parseable answer
+  (`verify([], pos)` is False) or whose check timed out (math-verify returns False). Here
+  equality in either direction means the same answer; a text with no parseable answer counts
+  as differing but with status "no_answer", which `pairs.check_negatives` rejects unless
+  `pairs.accept_no_answer`; a timeout or error is a status of its own, always a reject
+  (docs/parity.md).
   """
   pa, pb = extract_answer(a_text), extract_answer(b_text)
   shown = f"{answer_string(pa)} | {answer_string(pb)}"
