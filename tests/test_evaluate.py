@@ -14,6 +14,7 @@ import pytest
 from cooper_jax import evaluate as ev
 from cooper_jax import io, stats
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
+from cooper_jax.cli import evaluate as ev_cli
 from cooper_jax.weights import load_pretrained
 
 
@@ -232,8 +233,8 @@ def test_resolve_checkpoint_run_folder_step_folder_and_step(small_run):
     ev.resolve_checkpoint(str(small_run), 3)
   with pytest.raises(FileNotFoundError, match="no such directory"):
     ev.resolve_checkpoint(str(small_run / "nope"))
-  assert ev.default_out(None, str(ck / "1")) == small_run / "eval" / "step_1"
-  assert ev.default_out("./experiments/assets/x/policy", None) == Path(
+  assert ev_cli.default_out(None, str(ck / "1")) == small_run / "eval" / "step_1"
+  assert ev_cli.default_out("./experiments/assets/x/policy", None) == Path(
     "eval/experiments_assets_x_policy"
   )
 
@@ -245,19 +246,23 @@ def _samples(out_dir):
 def test_cli_defaults_step_folder_and_paper_preset(small_run, tmp_path, monkeypatch, capsys):
   monkeypatch.chdir(tmp_path)
   bench = ["--benchmarks", str(SMALL / "data" / "test.jsonl"), "--limit", "3"]
-  ev.main(["--checkpoint", str(small_run / "checkpoints" / "1"), "--max_new_tokens", "24", *bench])
+  ev_cli.main(
+    ["--checkpoint", str(small_run / "checkpoints" / "1"), "--max_new_tokens", "24", *bench]
+  )
   out1 = small_run / "eval" / "step_1"
   cfg1 = json.loads((out1 / "results.json").read_text())["config"]
   # the quick preset, one explicit override, the step recorded
   assert (cfg1["samples"], cfg1["temperature"], cfg1["batch_size"]) == (1, 0.0, 16)
   assert (cfg1["max_new_tokens"], cfg1["preset"], cfg1["step"]) == (24, "quick", 1)
   # the same weights as the shipped policy: its greedy completions, word for word
-  ev.main(["--model", str(SMALL / "policy"), "--max_new_tokens", "24", *bench])
-  by_model = _samples(tmp_path / "eval" / ev.default_out(str(SMALL / "policy"), None).name)
+  ev_cli.main(["--model", str(SMALL / "policy"), "--max_new_tokens", "24", *bench])
+  by_model = _samples(tmp_path / "eval" / ev_cli.default_out(str(SMALL / "policy"), None).name)
   assert [r["completion"] for r in _samples(out1)] == [r["completion"] for r in by_model]
   assert any("answer" in r["completion"] for r in by_model)  # a real policy's text
 
-  ev.main(["--checkpoint", str(small_run), "--preset", "paper", "--max_new_tokens", "4", *bench])
+  ev_cli.main(
+    ["--checkpoint", str(small_run), "--preset", "paper", "--max_new_tokens", "4", *bench]
+  )
   out2 = small_run / "eval" / "step_2"  # the newest step
   cfg2 = json.loads((out2 / "results.json").read_text())["config"]
   assert (cfg2["samples"], cfg2["temperature"], cfg2["top_p"]) == (8, 0.7, 0.95)
@@ -265,7 +270,7 @@ def test_cli_defaults_step_folder_and_paper_preset(small_run, tmp_path, monkeypa
   assert len(_samples(out2)) == 3 * 8
   assert {r["completion"] for r in _samples(out2)}.isdisjoint(r["completion"] for r in by_model)
   with pytest.raises(SystemExit):
-    ev.main(["--model", str(SMALL / "policy"), "--step", "1", *bench])
+    ev_cli.main(["--model", str(SMALL / "policy"), "--step", "1", *bench])
   assert "--step selects a checkpoint step" in capsys.readouterr().err
 
 

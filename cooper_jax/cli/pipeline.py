@@ -13,7 +13,7 @@
              co-trained on (rule-verified positive, assistant-rewritten negative) pairs (cooper,
              pairs.negatives=llm_rewrite); cooper_jax.train
   evaluate   the untrained and the three trained policies on Table 3's five benchmarks
-             (cooper_jax.evaluate), one Table-3-shaped table
+             (cooper_jax.cli.evaluate), one Table-3-shaped table
 
   cooper-pipeline --out runs/pipeline_smoke --size smoke
   cooper-pipeline --out runs/pipeline --size paper   # a TPU slice: BUILD.md
@@ -257,7 +257,7 @@ def stage_grpo(a, out: Path, mode: str, rm_dir: str, train_data: str) -> dict:
 
 
 def stage_evaluate(a, out: Path, name: str, source: list[str]) -> dict:
-  from cooper_jax import evaluate  # pylint: disable=import-outside-toplevel
+  from cooper_jax.cli import evaluate  # pylint: disable=import-outside-toplevel
 
   args = [
     *source,
