@@ -160,6 +160,9 @@ def base_config() -> ml_collections.ConfigDict:
     eval_limit=64,
     question_key="question",
     answer_key="answer",
+    # data.eval's keys when they differ from the train set's ("" = question_key / answer_key).
+    eval_question_key="",
+    eval_answer_key="",
     on_bad_row="raise",
     prompt_suffix=INSTRUCTION_SUFFIX,
     # Optional held-out RM pairs (JSONL: question, answer, positive, negative):

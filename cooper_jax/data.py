@@ -240,6 +240,18 @@ def load_qa(
   return rows, report
 
 
+def run_data_keys(data_cfg, split: str) -> dict:
+  """load_qa's keyword arguments for a run's `data.train` or `data.eval` (config `data`): the
+  eval set reads data.eval_question_key / eval_answer_key where set, else the train keys
+  (DeepMath-103K trains on `final_answer`; MATH500 or GSM8K evaluate on `answer`)."""
+  if split not in ("train", "eval"):
+    raise ValueError(f"split {split!r}: expected 'train' or 'eval'")
+  q, a = data_cfg.question_key, data_cfg.answer_key
+  if split == "eval":
+    q, a = data_cfg.eval_question_key or q, data_cfg.eval_answer_key or a
+  return dict(question_key=q, answer_key=a, on_bad_row=data_cfg.on_bad_row)
+
+
 def to_dataset(rows: list[dict]):
   """The rows as a `datasets.Dataset`, for code that wants map/filter/save."""
   import datasets

@@ -37,7 +37,7 @@ from cooper_jax import config as config_lib
 from cooper_jax import distributed as dist
 from cooper_jax import losses, merge, optim, run_records, run_steps, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
-from cooper_jax.data import PromptIterator, load_qa
+from cooper_jax.data import PromptIterator, load_qa, run_data_keys
 from cooper_jax.evaluate import evaluate_model
 from cooper_jax.host_platform import use_compilation_cache
 from cooper_jax.metrics import progress_line, step_line
@@ -118,16 +118,14 @@ class Run:
       else None
     )
 
-    dk = dict(
-      question_key=c.data.question_key, answer_key=c.data.answer_key, on_bad_row=c.data.on_bad_row
-    )
-    self.train_rows, report = load_qa(c.data.train, **dk)
+    self.train_rows, report = load_qa(c.data.train, **run_data_keys(c.data, "train"))
     logging.info(
       "train data %s: %d rows, %d skipped", c.data.train, len(self.train_rows), report.skipped
     )
     self.eval_rows = None
     if c.train.eval_every > 0:
-      self.eval_rows, _ = load_qa(c.data.eval, limit=c.data.eval_limit or None, **dk)
+      eval_keys = run_data_keys(c.data, "eval")
+      self.eval_rows, _ = load_qa(c.data.eval, limit=c.data.eval_limit or None, **eval_keys)
     self.iterator = PromptIterator(self.train_rows, seed=c.seed)
 
     if dist.is_primary():

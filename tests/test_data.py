@@ -7,7 +7,14 @@ from pathlib import Path
 import datasets
 import pytest
 
-from cooper_jax.data import REGISTRY, PromptIterator, load_qa, parse_source, to_dataset
+from cooper_jax.data import (
+  REGISTRY,
+  PromptIterator,
+  load_qa,
+  parse_source,
+  run_data_keys,
+  to_dataset,
+)
 
 
 @pytest.fixture
@@ -189,3 +196,25 @@ def test_prompt_iterator_resume_matches_uninterrupted():
   assert _drain(PromptIterator(rows, seed=8), sizes) != full
   with pytest.raises(ValueError):
     PromptIterator(rows[:5]).load_state_dict(state)
+
+
+def test_eval_set_reads_its_own_keys(tmp_path):
+  """A DeepMath-style train file (final_answer) beside a GSM8K-style eval file (answer): the
+  eval keys, when set, are the eval set's; unset, it reads the train keys (and fails naming
+  the missing key, as before)."""
+  from cooper_jax.config import base_config  # pylint: disable=import-outside-toplevel
+
+  train = tmp_path / "train.jsonl"
+  train.write_text(json.dumps({"question": "1+1", "final_answer": "2"}) + "\n")
+  ev = tmp_path / "eval.jsonl"
+  ev.write_text(json.dumps({"question": "2+2", "answer": "4"}) + "\n")
+  c = base_config()
+  c.data.answer_key = "final_answer"
+  rows, _ = load_qa(str(train), **run_data_keys(c.data, "train"))
+  assert rows[0]["answer"] == "2"
+  with pytest.raises(ValueError, match="missing key 'final_answer'"):
+    load_qa(str(ev), **run_data_keys(c.data, "eval"))
+  c.data.eval_answer_key = "answer"
+  rows, _ = load_qa(str(ev), **run_data_keys(c.data, "eval"))
+  assert rows[0]["answer"] == "4"
+  assert run_data_keys(c.data, "train")["answer_key"] == "final_answer"
