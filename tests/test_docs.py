@@ -147,7 +147,7 @@ def test_hub_dataset_example_spells_split_and_answer_key():
   name, subset, split = parse_source(values["data.train"])
   assert name.startswith(HOME) and subset is None and split == "train"
   assert values["data.answer_key"] == "final_answer"  # DeepMath-103K's answer column
-  # the periodic evaluation's set (GSM8K test, paper.py's data.eval) keeps its own key
+  # the periodic evaluation's set (paper.py's data.eval, MATH500) keeps its own key
   assert values.get("data.eval_answer_key") == "answer" or values.get("train.eval_every") == "0"
 
 
