@@ -123,3 +123,46 @@ def test_a_grpo_data_typo_stops_before_any_stage(tmp_path, capsys):
     paper_pipeline.main(["--out", str(tmp_path / "pipe"), "--grpo_data", "mix"])
   assert "--grpo_data 'mix'" in capsys.readouterr().err
   assert not (tmp_path / "pipe").exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+  "stop_after, ran",
+  [
+    ("annotate", ["annotate"]),
+    ("verifyrm", ["annotate", "verifyrm"]),
+    ("grpo", ["annotate", "verifyrm", "select", "grpo/rule"]),
+  ],
+)
+def test_stop_after_runs_the_stages_up_to_it(tmp_path, monkeypatch, stop_after, ran):
+  """--stop_after: the stages up to it run (the VerifyRM alone, to share with a slice's hosts),
+  none after it; the stages are stand-ins recording their calls."""
+  from cooper_jax.cli import pipeline as paper_pipeline  # pylint: disable=import-outside-toplevel
+
+  calls = []
+
+  def stage(name, rec):
+    def run(*args, **kw):
+      del args, kw
+      calls.append(name)
+      return rec
+
+    return run
+
+  monkeypatch.setattr(
+    paper_pipeline, "stage_annotate", stage("annotate", {"n_kept": 3, "kept": "k"})
+  )
+  monkeypatch.setattr(paper_pipeline, "stage_verifyrm", stage("verifyrm", {"rm": "rm_dir"}))
+  monkeypatch.setattr(paper_pipeline, "stage_select", stage("select", {"data": ""}))
+  monkeypatch.setattr(paper_pipeline, "stage_grpo", stage("grpo/rule", {"run": "r"}))
+  monkeypatch.setattr(paper_pipeline, "stage_evaluate", stage("evaluate", {}))
+  args = ["--out", str(tmp_path / "pipe"), "--judge_control", "0", "--modes", "rule"]
+  args += ["--train_data", "gsm8k/train", "--stop_after", stop_after]
+  paper_pipeline.main(args)
+  assert calls == ran
+
+
+def test_paper_preset_trains_the_rm_on_paper_py_backbone():
+  from cooper_jax.cli import pipeline as paper_pipeline  # pylint: disable=import-outside-toplevel
+  from experiments import paper  # pylint: disable=import-outside-toplevel
+
+  assert paper_pipeline.PRESETS["paper"]["rm_backbone"] == paper.VERIFY_RM

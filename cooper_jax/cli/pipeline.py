@@ -41,6 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("rule", "static_rm", "cooper")
+STAGES = ("annotate", "verifyrm", "grpo", "evaluate")
 SMOL = "smollm2-135m-instruct"
 PRESETS = {
   "smoke": dict(
@@ -72,7 +73,7 @@ PRESETS = {
   "paper": dict(
     policy="Qwen/Qwen2.5-1.5B-Instruct",
     judge="Qwen/Qwen3-4B",
-    rm_backbone="Qwen/Qwen2.5-1.5B-Instruct",
+    rm_backbone="Qwen/Qwen2.5-Math-1.5B-Instruct",  # experiments/paper.py's VERIFY_RM
     assistant="Qwen/Qwen2.5-7B-Instruct",
     train_data="gsm8k/train",
     grpo_data="train",
@@ -109,6 +110,13 @@ def parse_args(argv=None):
   )
   p.add_argument("--modes", default=",".join(MODES), help="GRPO runs (and evaluations) to make")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument(
+    "--stop_after",
+    choices=STAGES,
+    default="evaluate",
+    help="the last stage to run (verifyrm: the annotated data and the trained VerifyRM only, "
+    "e.g. to share the RM with the hosts of a TPU slice)",
+  )
   a = p.parse_args(argv)
   a.modes = [m for m in a.modes.split(",") if m]
   if not a.modes or set(a.modes) - set(MODES):
@@ -359,10 +367,14 @@ def main(argv=None) -> dict:
     raise SystemExit(
       f"annotation kept no triple ({out / 'annotate' / 'record.json'}): no RM to train"
     )
+  if a.stop_after == "annotate":
+    return _stopped(a, recs, out / "annotate")
   recs["verifyrm"] = _record(
     out / "verifyrm", lambda: stage_verifyrm(a, out / "verifyrm", recs["annotate"]["kept"])
   )
   rm_dir = recs["verifyrm"]["rm"]
+  if a.stop_after == "verifyrm":
+    return _stopped(a, recs, rm_dir)
   grpo_data = train_data
   if a.grpo_data == "mixed":
     triples = out / "annotate" / "triples.jsonl"
@@ -376,6 +388,8 @@ def main(argv=None) -> dict:
   for mode in a.modes:
     d = out / "grpo" / mode
     recs[f"grpo/{mode}"] = _record(d, lambda d=d, m=mode: stage_grpo(a, d, m, rm_dir, grpo_data))
+  if a.stop_after == "grpo":
+    return _stopped(a, recs, out / "grpo")
   sources = {"untrained": ["--model", a.policy]}
   sources |= {m: ["--checkpoint", recs[f"grpo/{m}"]["run"]] for m in a.modes}
   for name, src in sources.items():
@@ -386,6 +400,12 @@ def main(argv=None) -> dict:
   report = format_report(a, recs)
   atomic_write_text(out / "pipeline.md", report)
   print(report)
+  return recs
+
+
+def _stopped(a, recs: dict, made) -> dict:
+  """--stop_after before the last stage: say where its output is; the report needs them all."""
+  print(f"stopped after {a.stop_after} (--stop_after); its output: {made}")
   return recs
 
 
