@@ -31,12 +31,13 @@ table.md, samples.jsonl), bench/bench.json. Checkpoints stay in --workdir (defau
 folder under /tmp): 135M policy + RM + optimizer states are gigabytes.
 
 Sizes (--size gpu): experiments/smollm2.py (the README's main job) with 8 prompts x G=8
-rollouts, 256 new tokens, prompts and responses each padded to one width (one compiled shape
-per step function), bf16 compute, no in-loop evaluation; 20 steps per mode, cooper stopped at
+rollouts, 256 new tokens, prompts and responses each padded to one width (one sampler and one
+policy-step shape; the RM's inputs still come in 64-token widths), bf16 compute, no in-loop
+evaluation; 20 steps per mode, cooper stopped at
 10 and resumed to 20. The estimate, from the figures recorded on one H200
 (results/bench/gpu.md, 2026-12-04; an H100 has ~0.7x its memory bandwidth, and compiles are
-host-bound): the 135M sampler decodes a step in 2.5 ms at batch 256 (<= 3.5 ms on an H100), so
-256 new tokens take <= 0.9 s; its policy step runs 83k tok/s, so 64 rollouts x 512 tokens take
+host-bound): the 135M sampler decodes a step in 2.5 ms at batch 256 (~3.6 ms on an H100), so
+256 new tokens take ~0.9 s; its policy step runs 83k tok/s, so 64 rollouts x 512 tokens take
 ~0.4 s plus ~0.15 s for the reference pass; verification, the RM's scoring and cooper's
 rm_step add ~0.3-0.7 s: ~2 s a rule step, ~2.5 s a cooper step. Per process, start-up
 (imports, weights, GSM8K, verifier pool) ~15 s; compiles: sampler 25 s, policy step 10 s,
@@ -218,6 +219,13 @@ def step_figures(rows: list[dict]) -> dict:
     "rule_acc_first": rows[0]["rule/acc"],
     "rule_acc_last": rows[-1]["rule/acc"],
     "verifier_timeouts_errors": int(bad),
+    # where a step's time goes (means over the steps after the first)
+    "split_s": {
+      k: round(sum(r.get(f"time/{k}_s", 0.0) for r in steady) / len(steady), 3)
+      for k in ("sample", "verify", "policy", "rm")
+    }
+    if steady
+    else None,
   }
 
 
