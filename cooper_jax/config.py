@@ -16,6 +16,9 @@ from ml_collections import config_dict
 
 from cooper_jax import registry
 from cooper_jax.models import REMAT_CHOICES
+from cooper_jax.objectives import FLAT as OBJECTIVE_FLAT
+from cooper_jax.objectives import OBJECTIVES
+from cooper_jax.objectives import hyperparameters as objective_hyperparameters
 from cooper_jax.optim import OPTIMIZERS, SCHEDULES, hyperparameters
 from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
@@ -131,7 +134,15 @@ def base_config() -> ml_collections.ConfigDict:
   # the sampler's log-probs.
   c.policy.ppo_epochs = 1
   c.policy.ppo_mini_batch_size = 0
+  # The policy objective (cooper_jax/objectives.py OBJECTIVES): "ppo_clip" (verl's PPO/GRPO
+  # clip, the paper's), "gspo" (sequence-level ratio and clip; needs agg=seq_mean_token_mean,
+  # the GSPO paper's mean over responses), "gspo_token" (GSPO-token: any agg, packed rows) or
+  # "cispo" (REINFORCE x clipped stop-gradient ratio, MiniMax-M1). ppo_clip's hyperparameters
+  # are the flat clip_eps, clip_eps_high (unset: clip_eps), dual_clip_c; every other's are
+  # policy.loss.<name>.<key>, their defaults the papers' (GSPO 3e-4 / 4e-4; CISPO 1.0, i.e. no
+  # lower bound, and 4.0, ScaleRL's bound of 5). agg and the KL term apply to every objective.
   c.policy.loss = dict(
+    name="ppo_clip",
     kl_coef=0.001,
     kl_kind="low_var_kl",
     clip_eps=0.2,
@@ -139,6 +150,7 @@ def base_config() -> ml_collections.ConfigDict:
     dual_clip_c=3.0,
     agg="token_mean",
     scale_adv_by_std=True,
+    **{k: dict(o.defaults) for k, o in OBJECTIVES.items() if k != OBJECTIVE_FLAT},
   )
 
   # The reward model. `model` may be a trained RM directory (head already there) or a causal
@@ -408,6 +420,14 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
   pack = c.policy.pack_rows
   if not isinstance(pack, bool):
     raise ValueError(f"config.policy.pack_rows must be True or False, got {pack!r}")
+  if pack and c.policy.loss.get("name") == "gspo":
+    raise ValueError(
+      "config.policy.pack_rows cannot run config.policy.loss.name='gspo' (a mean over "
+      "responses; packed rows take token means only): set name=gspo_token (the sequence ratio "
+      "per packed segment) or pack_rows=False"
+    )
+  # The objective's name, hyperparameters and agg (objectives.OBJECTIVES).
+  objective_hyperparameters(c.policy.loss)
   if pack and not (c.policy.merge_duplicate_rows and c.policy.share_prompt):
     raise ValueError(
       "config.policy.pack_rows needs config.policy.merge_duplicate_rows=True and "

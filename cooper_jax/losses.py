@@ -14,6 +14,8 @@ Numerical traps handled here are marked "TRAP:".
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -206,23 +208,22 @@ def policy_loss(
   dual_clip_c: float | None = 3.0,
   agg: str = "token_mean",
   row_weight_b=None,
+  objective=None,
 ):
   """GRPO actor loss = pg_loss + kl_coef * agg(kl_penalty), as verl's use_kl_loss path.
 
   kl_coef must be a Python number (static).  With kl_coef == 0 the caller may skip the
   reference forward pass and pass ref_logp_bt=None.  The KL term uses the same `agg` mode
-  as the pg term, as in verl.  row_weight_b: see `agg_loss`.  Returns (loss, metrics).
+  as the pg term, as in verl.  row_weight_b: see `agg_loss`.  objective: the pg term,
+  `(logp, old, adv, mask, *, agg, row_weight_b) -> (loss, metrics)` (objectives.make: GSPO,
+  CISPO, ...); None = `ppo_clip_loss` with the clip arguments.  Returns (loss, metrics).
   """
-  loss, metrics = ppo_clip_loss(
-    logp_bt,
-    old_logp_bt,
-    adv_b,
-    mask_bt,
-    clip_eps=clip_eps,
-    clip_eps_high=clip_eps_high,
-    dual_clip_c=dual_clip_c,
-    agg=agg,
-    row_weight_b=row_weight_b,
+  if objective is None:
+    objective = functools.partial(
+      ppo_clip_loss, clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip_c=dual_clip_c
+    )
+  loss, metrics = objective(
+    logp_bt, old_logp_bt, adv_b, mask_bt, agg=agg, row_weight_b=row_weight_b
   )
   if ref_logp_bt is None:
     assert kl_coef == 0, "ref_logp_bt is None but kl_coef != 0"

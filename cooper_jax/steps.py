@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from cooper_jax import losses, sharding
+from cooper_jax import losses, objectives, sharding
 from cooper_jax.logprobs import response_logprobs
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import forward
@@ -163,6 +163,7 @@ def policy_loss_fn(
     resp_mask, weight = resp_mask * weight.astype(jnp.float32), None
   elif weight is not None:
     resp_mask = resp_mask * weight.astype(jnp.float32)[:, None]
+  segment = batch.get("response_segment")
   loss, metrics = losses.policy_loss(
     logp,
     old,
@@ -171,17 +172,20 @@ def policy_loss_fn(
     batch.get("ref_logp"),
     kl_coef=lc.kl_coef,
     kl_kind=lc.kl_kind,
-    clip_eps=lc.clip_eps,
-    clip_eps_high=lc.get("clip_eps_high"),
-    dual_clip_c=lc.dual_clip_c,
     agg=lc.agg,
     row_weight_b=weight,
+    objective=objectives.make(lc, segment),
   )
   n_tokens = jnp.sum(resp_mask)
-  # token_mean divides by the tokens; the seq_mean modes by the rows (empty ones included).
+  # token_mean divides by the tokens; the seq_mean modes by the rows (empty ones included);
+  # an objective's "seq_*" metrics by the responses (objectives.response_count).
   n_rows = float(resp_mask.shape[0]) if weight is None else jnp.sum(weight)
   n_agg = n_tokens if lc.agg.replace("-", "_") == "token_mean" else n_rows
-  metrics = {k: Mean(v, n_agg if k in _AGG_METRICS else n_tokens) for k, v in metrics.items()}
+  count = lambda k: n_agg if k in _AGG_METRICS else n_tokens
+  if any(k.startswith("seq_") for k in metrics):
+    n_resp = objectives.response_count(resp_mask, segment)
+    count = lambda k, c=count: n_resp if k.startswith("seq_") else c(k)
+  metrics = {k: Mean(v, count(k)) for k, v in metrics.items()}
   metrics["neg_logp_mean"] = Mean(-losses.masked_mean(logp, resp_mask), n_tokens)
   if "sampler_logp" in batch:
     # The sampler's log-probs of the same tokens: at the parameters that sampled them any gap
