@@ -19,19 +19,22 @@ means under mask_bt, "pg_loss" aggregated like the loss.
 
 Where peers differ (read in verl 0.9.1 core_algos, TRL main grpo_trainer, tunix algo_core):
   * GSPO's aggregation: the paper averages the per-response loss over responses, which is
-    seq_mean_token_mean; verl < 0.9 forced it, verl 0.9.1 applies the configured mode (default
-    token-mean, "differs from the GSPO paper" in its comment), TRL and tunix default to a
-    sequence mean. Here `gspo` is the paper's and needs agg=seq_mean_token_mean (config.validate
-    says so); `gspo_token` takes any agg (token_mean: each response's loss weighs by its length,
-    verl 0.9.1's default).
+    seq_mean_token_mean; verl 0.8 forced it, verl 0.9.1 applies the configured mode (default
+    token-mean, "differs from the GSPO paper" in its comment); TRL (default loss_type dapo, a
+    token mean) warns that token sums weigh a response by its length and points to its
+    sequence-mean loss_type="grpo" for the paper; tunix defaults to a sequence mean. Here
+    `gspo` is the paper's and needs agg=seq_mean_token_mean (config.validate says so);
+    `gspo_token` takes any agg (token_mean: each response's loss weighs by its length, verl
+    0.9.1's default).
   * GSPO's clip range: the paper's 3e-4 / 4e-4 (Sec. 5.1), as verl's GSPO recipes. No dual clip
     (the paper has none; verl none; tunix applies its epsilon_c if set).
-  * CISPO's bounds: the paper's clip(r, 1 - eps_low, 1 + eps_high) with no lower bound in its
-    runs ("eps_low set to a large value"); it gives no eps_high. verl takes both offsets (its
-    example: 10 and 0.2); TRL and ScaleRL bound the weight above only, at epsilon_high = 5
-    (absolute). Defaults here: clip_eps = 1.0 (lower bound 0: never binds, the paper's) and
-    clip_eps_high = 4.0 (an upper bound of 5, ScaleRL's). CISPO's `pg_loss` is a surrogate
-    (its value depends on logp itself); only its gradient is the objective's.
+  * CISPO's bounds: the paper's clip(r, 1 - eps_low, 1 + eps_high), run with no lower bound
+    (eps_low large) and eps_high tuned, its value not given. verl takes both offsets (its
+    example: 10 and 0.2); TRL bounds the weight above only, at epsilon_high as an absolute
+    bound (recommended 5, ScaleRL's). Defaults here: clip_eps = 1.0 (lower bound 0: never
+    binds, as the paper's runs) and clip_eps_high = 4.0 (an upper bound of 5, ScaleRL's).
+    CISPO's `pg_loss` is a surrogate (its value depends on logp itself); only its gradient is
+    the objective's.
 
 Nothing at the top imports jax: config parsing reads the tables only (as cooper_jax.optim).
 """
