@@ -418,3 +418,54 @@ def test_matches_verl_oracle(case):
     scale = np.abs(want).max()
     assert diff.max() <= 2e-6 * max(scale, 1.0), (case, q, diff.max())
   print(f"{case} vs verl {meta['versions']['verl']}: " + "; ".join(report))
+
+
+# ------------------------------------------------------------------ micro-batched policy step
+@pytest.mark.parametrize(
+  "name,agg,k", [("gspo", SEQ, 2), ("gspo_token", TOK, 4), ("cispo", TOK, 2), ("cispo", TOK, 4)]
+)
+def test_policy_step_micro_batches_equal_one_shot(name, agg, k):
+  """A policy step on the TINY model in k strided micro-batches equals the one-shot step:
+  loss, metrics (the seq_* ones counted per response) and the update, within the bound
+  test_steps derives for ppo_clip; CISPO's loss, -w A lp, moves by w |A| (1 + |lp|) per unit of
+  lp, so its bound is scaled by 1 + max |lp|. Token means: the micro-batches' plain average is
+  far from the loss (the batch's even rows hold 1 token, its odd ones 6)."""
+  from test_steps import (  # the policy-step fixtures of tests/test_steps.py
+    LOSS,
+    MESH8,
+    TINY,
+    _assert_same_step,
+    _one_policy_step,
+    _policy_metric_atol,
+    _unbalanced_policy_batch,
+  )
+
+  from cooper_jax import logprobs, sharding, steps
+  from cooper_jax.models.transformer import init_params
+
+  batch = _unbalanced_policy_batch()
+  loss_cfg = ml_collections.ConfigDict(dict(LOSS.to_dict(), name=name, agg=agg))
+  mesh = sharding.make_mesh(**MESH8)
+  one = _one_policy_step(batch, loss_cfg, mesh)
+  micro = _one_policy_step(batch, loss_cfg, mesh, micro_batch_size=16 // k)
+  params = init_params(TINY, jax.random.key(0))
+  atol = _policy_metric_atol(params, batch, loss_cfg)
+  if name == "cispo":
+    args = [batch[x] for x in ("prompt_tokens", "prompt_mask", "response_tokens", "response_mask")]
+    lp = np.asarray(logprobs.response_logprobs(TINY, params, *args))[batch["response_mask"]]
+    atol *= 1 + np.abs(lp).max()
+  _assert_same_step(one, micro, atol)
+  expected = {"gspo": "seq_clipfrac", "gspo_token": "seq_ratio_mean", "cispo": "is_weight_mean"}
+  assert expected[name] in one[1]
+  if agg == TOK:
+    mb = [
+      float(
+        steps.resolve(
+          steps.policy_loss_fn(TINY, loss_cfg, params, {key: v[j::k] for key, v in batch.items()})[
+            0
+          ]
+        )
+      )
+      for j in range(k)
+    ]
+    assert abs(np.mean(mb) - float(one[1]["loss"])) > 1e-2 * abs(float(one[1]["loss"]))
