@@ -14,7 +14,7 @@ from pathlib import Path
 import ml_collections
 from ml_collections import config_dict
 
-from cooper_jax import registry
+from cooper_jax import registry, sampler_is
 from cooper_jax.models import REMAT_CHOICES
 from cooper_jax.objectives import FLAT as OBJECTIVE_FLAT
 from cooper_jax.objectives import OBJECTIVES
@@ -23,6 +23,7 @@ from cooper_jax.optim import OPTIMIZERS, SCHEDULES, hyperparameters
 from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
 DECODE_WEIGHTS = ("sharded", "replicated", "mlp_split")  # rollout / pairs.assistant_decode_weights
+SAMPLER_DTYPES = ("", "float32", "bfloat16", "float16")  # rollout.dtype ("" = the policy's)
 
 
 def optim_config(lr: float, warmup_steps: int = 20, name: str = "adamw", **hp):
@@ -151,6 +152,11 @@ def base_config() -> ml_collections.ConfigDict:
     agg="token_mean",
     scale_adv_by_std=True,
     **{k: dict(o.defaults) for k, o in OBJECTIVES.items() if k != OBJECTIVE_FLAT},
+    # The sampler-vs-trainer mismatch corrected (cooper_jax/sampler_is.py): "none" (measured
+    # only), "token_tis" (each token's term times min(pi_trainer / pi_sampler, cap)) or
+    # "seq_mask" (responses whose seq_ratio, "geometric" mean or "product" of the token
+    # ratios, lies outside [1/cap, cap] leave the loss).
+    sampler_is=dict(kind="none", cap=2.0, seq_ratio="geometric"),
   )
 
   # The reward model. `model` may be a trained RM directory (head already there) or a causal
@@ -231,6 +237,11 @@ def base_config() -> ml_collections.ConfigDict:
     # On a CPU the whole vocabulary's noise is the costliest part of a large-vocabulary draw.
     # Not with one_pass_draw. Off by default so recorded runs replay.
     blocked_draw=False,
+    # The sampler's compute dtype: "" = the policy's (policy.dtype); "bfloat16": the weights
+    # cast once per sampler call, prefill, cache and decode in bf16 while the trainer keeps
+    # its own dtype, so the sampler's log-probs differ from the trainer's (the mismatch
+    # policy.loss.sampler_is corrects; sampling.sample).
+    dtype="",
   )
 
   # negatives: "perturb" / "llm_rewrite" (made from the positive, the paper's design) or
@@ -473,6 +484,15 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       )
     # The optimizer's name, its hyperparameters' keys, types and ranges (optim.OPTIMIZERS).
     hyperparameters(c[name].optim, f"config.{name}.optim")
+  if c.rollout.dtype not in SAMPLER_DTYPES:
+    raise ValueError(f"config.rollout.dtype={c.rollout.dtype!r}: expected one of {SAMPLER_DTYPES}")
+  sampler_is.validate(c.policy.loss.sampler_is)
+  if c.policy.loss.sampler_is.kind == "token_tis" and c.policy.loss.get("name") == "gspo":
+    raise ValueError(
+      "config.policy.loss.sampler_is.kind='token_tis' weights each token's advantage, which "
+      "config.policy.loss.name='gspo' takes constant within a response: use gspo_token, or "
+      "sampler_is.kind='seq_mask'"
+    )
   if c.policy.loss.kl_coef < 0:
     raise ValueError("config.policy.loss.kl_coef must be >= 0")
   if c.policy.loss.kl_kind not in ("k1", "k2", "k3", "low_var_kl"):

@@ -315,7 +315,7 @@ OBJECTIVES: dict[str, Objective] = {
 }
 FLAT = "ppo_clip"  # its hyperparameters are policy.loss's own keys, not a sub-dict
 # policy.loss's keys shared by every objective.
-SHARED = ("name", "kl_coef", "kl_kind", "agg", "scale_adv_by_std")
+SHARED = ("name", "kl_coef", "kl_kind", "agg", "scale_adv_by_std", "sampler_is")
 _RANGES = {
   "clip_eps": (lambda v: v > 0, "> 0"),
   "clip_eps_high": (lambda v: v is None or v > 0, "> 0"),

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cooper_jax import sharding
+from cooper_jax.config import SAMPLER_DTYPES
 from cooper_jax.logprobs import logit_temperature
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import (
@@ -112,6 +113,7 @@ class SampleOptions:
   shared_prompt: bool = False
   one_pass_draw: bool = False
   blocked_draw: bool = False
+  dtype: str = ""
 
   def __post_init__(self):
     # Canonical types, so that options equal in value are equal as jit keys (1 vs 1.0, a list
@@ -124,13 +126,15 @@ class SampleOptions:
       raise ValueError(f"SampleOptions: max_new_tokens, group_size, cache_segments >= 1: {self}")
     if self.one_pass_draw and self.blocked_draw:
       raise ValueError("one_pass_draw and blocked_draw are two different draws: pick one")
+    if self.dtype not in SAMPLER_DTYPES:
+      raise ValueError(f"SampleOptions.dtype={self.dtype!r}: expected one of {SAMPLER_DTYPES}")
 
   @classmethod
   def from_rollout(cls, rollout, *, eos_ids, pad_id: int, mesh=None, **overrides):
     """The policy sampler's options from config `rollout` (train.Run.rollout's): its
     temperature, top-p/k, max_new_tokens, group_size, cache_segments, grow_cache, decode
     layout (rollout.decode_weights over `mesh`; None: no mesh, the weights as they are),
-    shared_prompt_decode (with G > 1), one_pass_draw, blocked_draw. The tokenizer gives
+    shared_prompt_decode (with G > 1), one_pass_draw, blocked_draw, dtype. The tokenizer gives
     eos_ids and pad_id; `overrides` replace any field (e.g. evaluation's group_size=1)."""
     weights = None
     if mesh is not None:
@@ -151,6 +155,7 @@ class SampleOptions:
       shared_prompt=bool(rollout.shared_prompt_decode),
       one_pass_draw=rollout.one_pass_draw,
       blocked_draw=rollout.blocked_draw,
+      dtype=rollout.get("dtype", ""),
     )
     unknown = set(overrides) - set(fields)
     if unknown:
@@ -488,8 +493,16 @@ def sample(
   over the logits (`draw_one_pass`); the same tokens, log-probs equal up to float32 rounding.
   blocked_draw (config rollout.blocked_draw): each token drawn by `draw_blocked`, the same
   distribution from a fraction of the noise; other tokens than the default draw's for a key.
+
+  dtype (config rollout.dtype): "" computes in cfg.dtype, the trainer's; another name casts the
+  weights to it once per call and runs prefill, cache and decode in it (a bf16 sampler next to
+  a float32 trainer, as vLLM next to FSDP): the log-probs then differ from the trainer's, the
+  mismatch that policy.loss.sampler_is corrects.
   """
   o = options
+  if o.dtype and o.dtype != cfg.dtype:
+    cfg = dataclasses.replace(cfg, dtype=o.dtype)
+    params = jax.tree.map(lambda x: x.astype(cfg.jnp_dtype), params)
   ends = segment_ends(o.max_new_tokens, o.cache_segments)
   state, next_pos_b = prefill(
     params,

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from cooper_jax import losses, objectives, sharding
+from cooper_jax import losses, objectives, sampler_is, sharding
 from cooper_jax.logprobs import response_logprobs
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.transformer import forward
@@ -164,10 +164,18 @@ def policy_loss_fn(
   elif weight is not None:
     resp_mask = resp_mask * weight.astype(jnp.float32)[:, None]
   segment = batch.get("response_segment")
+  full_mask, adv, is_metrics = resp_mask, batch["advantages"], {}
+  is_cfg = lc.get("sampler_is")
+  if is_cfg is not None and is_cfg.kind != "none":
+    # Sampler-vs-trainer correction (cooper_jax.sampler_is): weighted advantages or fewer
+    # tokens; the loss's denominators follow the corrected mask.
+    adv, resp_mask, is_metrics = sampler_is.correct(
+      is_cfg, old, batch["sampler_logp"], adv, resp_mask, segment
+    )
   loss, metrics = losses.policy_loss(
     logp,
     old,
-    batch["advantages"],
+    adv,
     resp_mask,
     batch.get("ref_logp"),
     kl_coef=lc.kl_coef,
@@ -186,14 +194,16 @@ def policy_loss_fn(
     n_resp = objectives.response_count(resp_mask, segment)
     count = lambda k, c=count: n_resp if k.startswith("seq_") else c(k)
   metrics = {k: Mean(v, count(k)) for k, v in metrics.items()}
-  metrics["neg_logp_mean"] = Mean(-losses.masked_mean(logp, resp_mask), n_tokens)
+  metrics.update({k: Mean(*v) for k, v in is_metrics.items()})
+  n_tokens = jnp.sum(full_mask)  # every response token, corrected away or not
+  metrics["neg_logp_mean"] = Mean(-losses.masked_mean(logp, full_mask), n_tokens)
   if "sampler_logp" in batch:
     # The sampler's log-probs of the same tokens: at the parameters that sampled them any gap
     # is numerics (bf16 decode vs training forward, cache, kernels), and it biases the ratio.
     d = jax.lax.stop_gradient(logp) - batch["sampler_logp"]
-    metrics["sampler_logp_abs_diff"] = Mean(losses.masked_mean(jnp.abs(d), resp_mask), n_tokens)
+    metrics["sampler_logp_abs_diff"] = Mean(losses.masked_mean(jnp.abs(d), full_mask), n_tokens)
     # k3 estimate of KL(sampler || trainer) from the sampler's own samples.
-    metrics["sampler_kl"] = Mean(losses.masked_mean(jnp.exp(d) - 1.0 - d, resp_mask), n_tokens)
+    metrics["sampler_kl"] = Mean(losses.masked_mean(jnp.exp(d) - 1.0 - d, full_mask), n_tokens)
   metrics["response_tokens"] = Sum(n_tokens)
   return Mean(loss, n_agg), metrics
 

@@ -198,16 +198,22 @@ class Run:
     policy.ppo_mini_batch_size rows (0 = the whole batch). A single update is on-policy (ratio
     1, the sampler's log-probs only measure the sampler-vs-trainer mismatch); several use the
     sampler's log-probs as old_logp, so later mini-batches are clipped against the policy that
-    generated them. Metrics are means over the updates; the mismatch is the first update's,
-    taken at the sampling parameters. `batch` holds the reference log-probs when a KL term
-    needs them (`train_step` dispatches that pass as soon as the tokens exist)."""
+    generated them; under policy.loss.sampler_is they are the trainer's own at the sampling
+    parameters (one more forward pass), and the sampler's enter the correction only. Metrics
+    are means over the updates; the mismatch is the first update's, taken at the sampling
+    parameters. `batch` holds the reference log-probs when a KL term needs them
+    (`train_step` dispatches that pass as soon as the tokens exist)."""
     c = self.c
     b = batch["advantages"].shape[0]
     mb, n_updates = run_steps.policy_updates(c, b)
     if n_updates == 1:
       batches = [batch]
     else:
-      batch = dict(batch, old_logp=batch["sampler_logp"])
+      if c.policy.loss.sampler_is.kind == "none":
+        batch = dict(batch, old_logp=batch["sampler_logp"])
+      else:  # the ratio pi / pi_old is the trainer's; pi_old / pi_sampler is corrected
+        rows = {k: batch[k] for k in _LOGPROB_KEYS if k in batch}
+        batch = dict(batch, old_logp=self.logprob_fn(self.policy_state["params"], rows))
       batches = []
       for epoch in range(c.policy.ppo_epochs):
         order = np.random.default_rng([c.seed, step, epoch]).permutation(b)
@@ -492,6 +498,18 @@ def train(c, workdir: str, reward=None) -> Run:
   if dist.is_primary():
     print("\n".join(f"{what}: {where}" for what, where in artefacts), flush=True)
   return run
+
+
+# What the log-prob pass reads of a policy batch (steps.make_logprob_fn; the last two only in
+# a prompt-indexed or packed batch).
+_LOGPROB_KEYS = (
+  "prompt_tokens",
+  "prompt_mask",
+  "response_tokens",
+  "response_mask",
+  "prompt_index",
+  "response_segment",
+)
 
 
 @functools.partial(jax.jit, static_argnums=1)
