@@ -11,7 +11,8 @@ response positions (`logprob_chunk`, see cooper_jax.logprobs). Neither changes t
 Policy batch (b = n_prompts * G rows, p prompt width, n response width):
   prompt_tokens/prompt_mask [b, p] (left-padded), response_tokens/response_mask [b, n]
   (the sampler's output), advantages [b], old_logp [b, n] (optional; absent = one on-policy
-  update, ratio 1), ref_logp [b, n] (present iff kl_coef > 0).
+  update, ratio 1), ref_logp [b, n] (present iff kl_coef > 0), sampler_logp [b, n] (the
+  sampler's own: the mismatch metrics and the policy.loss.sampler_is correction).
 RM pair batch: pos_tokens/pos_mask/neg_tokens/neg_mask [p, l], valid [p].
 RM BCE batch: tokens/mask [n, l], labels [n] (1 correct, 0 wrong), weight [n].
 """
