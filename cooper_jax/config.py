@@ -14,7 +14,7 @@ from pathlib import Path
 import ml_collections
 from ml_collections import config_dict
 
-from cooper_jax import registry, sampler_is
+from cooper_jax import registry
 from cooper_jax.models import REMAT_CHOICES
 from cooper_jax.objectives import FLAT as OBJECTIVE_FLAT
 from cooper_jax.objectives import OBJECTIVES
@@ -24,6 +24,8 @@ from cooper_jax.prompts import INSTRUCTION_SUFFIX
 
 DECODE_WEIGHTS = ("sharded", "replicated", "mlp_split")  # rollout / pairs.assistant_decode_weights
 SAMPLER_DTYPES = ("", "float32", "bfloat16", "float16")  # rollout.dtype ("" = the policy's)
+SAMPLER_IS_KINDS = ("none", "token_tis", "seq_mask")  # policy.loss.sampler_is (sampler_is.py)
+SAMPLER_IS_SEQ_RATIOS = ("geometric", "product")
 
 
 def optim_config(lr: float, warmup_steps: int = 20, name: str = "adamw", **hp):
@@ -363,6 +365,18 @@ def _positive(c, *keys):
       raise ValueError(f"config.{key} must be positive, got {node!r}")
 
 
+def _validate_sampler_is(cfg, key: str = "policy.loss.sampler_is") -> None:
+  if cfg.kind not in SAMPLER_IS_KINDS:
+    raise ValueError(f"config.{key}.kind={cfg.kind!r}: expected one of {SAMPLER_IS_KINDS}")
+  cap = cfg.cap
+  if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 1.0:
+    raise ValueError(f"config.{key}.cap must be a number > 1, got {cap!r}")
+  if cfg.seq_ratio not in SAMPLER_IS_SEQ_RATIOS:
+    raise ValueError(
+      f"config.{key}.seq_ratio={cfg.seq_ratio!r}: expected one of {SAMPLER_IS_SEQ_RATIOS}"
+    )
+
+
 def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None:
   """Raises ValueError naming the offending key."""
   registry.check("reward_mode", c.reward_mode)
@@ -486,7 +500,7 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     hyperparameters(c[name].optim, f"config.{name}.optim")
   if c.rollout.dtype not in SAMPLER_DTYPES:
     raise ValueError(f"config.rollout.dtype={c.rollout.dtype!r}: expected one of {SAMPLER_DTYPES}")
-  sampler_is.validate(c.policy.loss.sampler_is)
+  _validate_sampler_is(c.policy.loss.sampler_is)
   if c.policy.loss.sampler_is.kind == "token_tis" and c.policy.loss.get("name") == "gspo":
     raise ValueError(
       "config.policy.loss.sampler_is.kind='token_tis' weights each token's advantage, which "

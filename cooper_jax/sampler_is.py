@@ -34,19 +34,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-KINDS = ("none", "token_tis", "seq_mask")
-SEQ_RATIOS = ("geometric", "product")
-
-
-def validate(cfg, key: str = "policy.loss.sampler_is") -> None:
-  """Raises ValueError naming the key of a bad setting."""
-  if cfg.kind not in KINDS:
-    raise ValueError(f"config.{key}.kind={cfg.kind!r}: expected one of {KINDS}")
-  cap = cfg.cap
-  if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 1.0:
-    raise ValueError(f"config.{key}.cap must be a number > 1, got {cap!r}")
-  if cfg.seq_ratio not in SEQ_RATIOS:
-    raise ValueError(f"config.{key}.seq_ratio={cfg.seq_ratio!r}: expected one of {SEQ_RATIOS}")
+from cooper_jax.config import SAMPLER_IS_KINDS as KINDS
 
 
 def log_ratio(old_logp_bt, sampler_logp_bt):
