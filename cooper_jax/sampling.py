@@ -155,7 +155,7 @@ class SampleOptions:
       shared_prompt=bool(rollout.shared_prompt_decode),
       one_pass_draw=rollout.one_pass_draw,
       blocked_draw=rollout.blocked_draw,
-      dtype=rollout.get("dtype", ""),
+      dtype=rollout.dtype,
     )
     unknown = set(overrides) - set(fields)
     if unknown:

@@ -570,6 +570,7 @@ def test_sample_options_from_rollout_reads_every_setting():
     shared_prompt_decode=True,
     one_pass_draw=True,
     decode_weights="replicated",
+    dtype="bfloat16",
   )
   mesh = sharding.make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
   o = SampleOptions.from_rollout(ro, eos_ids=[4, 2], pad_id=1, mesh=mesh)
@@ -578,6 +579,7 @@ def test_sample_options_from_rollout_reads_every_setting():
   assert (o.shared_prompt, o.one_pass_draw, o.blocked_draw) == (True, True, False)
   assert (o.eos_ids, o.pad_id) == ((4, 2), 1)
   assert o.weights_sharding == sharding.replicated(mesh)
+  assert o.dtype == "bfloat16"
   ev = SampleOptions.from_rollout(ro, eos_ids=(4, 2), pad_id=1, mesh=mesh, group_size=1)
   assert ev.group_size == 1 and not ev.shared_prompt  # no group, nothing to share
   assert hash(o) == hash(o.replace(temperature=0.6)) and o == o.replace(top_p=0.8)
@@ -588,3 +590,5 @@ def test_sample_options_from_rollout_reads_every_setting():
     SampleOptions.from_rollout(ro, eos_ids=(), pad_id=0)
   with pytest.raises(ValueError, match="one_pass_draw and blocked_draw"):
     o.replace(blocked_draw=True)
+  with pytest.raises(ValueError, match="dtype='bf16'"):
+    o.replace(dtype="bf16")
