@@ -8,9 +8,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from test_steps import LOSS as STEP_LOSS
+from test_steps import (
+  MESH8,
+  _assert_same_step,
+  _one_policy_step,
+  _policy_metric_atol,
+  _unbalanced_policy_batch,
+)
+from test_steps import TINY as STEP_TINY
 
 from cooper_jax import config as config_lib
-from cooper_jax import losses, steps
+from cooper_jax import losses, sharding, steps
 from cooper_jax.logprobs import response_logprobs
 from cooper_jax.models.config import ModelConfig
 from cooper_jax.models.tolerance import UNIT_ROUNDOFF, float32_logprob_atol
@@ -280,3 +289,32 @@ def test_config_typos_are_named(key, value, words):
     config_lib.validate(c)
   for w in words:
     assert w in str(e.value), (w, str(e.value))
+
+
+# ------------------------------------------------------------------- micro-batches, 8 devices
+@pytest.mark.parametrize("kind", ["token_tis", "seq_mask"])
+def test_corrected_policy_step_micro_batches_equal_one_shot(kind):
+  """The corrected loss's counts (capped tokens, masked responses, the kept tokens that the
+  token mean divides by) combine over strided micro-batches into the whole batch's."""
+  batch = _unbalanced_policy_batch()
+  # Rows 0, 5, 10, 15 run 0.5 nats ahead of the sampler (ratio 1.65 a token); the others 0.1.
+  gap = np.where(np.arange(16) % 5 == 0, 0.5, 0.1)[:, None]
+  batch["sampler_logp"] = (batch["old_logp"] - gap).astype(np.float32)
+  loss_cfg = ml_collections.ConfigDict(
+    dict(STEP_LOSS.to_dict(), sampler_is=dict(kind=kind, cap=1.3, seq_ratio="geometric"))
+  )
+  mesh = sharding.make_mesh(**MESH8)
+  one = _one_policy_step(batch, loss_cfg, mesh)
+  micro = _one_policy_step(batch, loss_cfg, mesh, micro_batch_size=8)
+  params = init_params(STEP_TINY, jax.random.key(0))
+  # TIS weights up to the cap scale the policy-gradient terms, hence their float32 bound.
+  scaled = dict(batch, advantages=batch["advantages"] * 1.3)
+  _assert_same_step(one, micro, _policy_metric_atol(params, scaled, loss_cfg))
+  m = micro[1]
+  real = batch["response_mask"]
+  rows = real.sum(1) * (np.arange(16) % 5 == 0)
+  if kind == "token_tis":
+    np.testing.assert_allclose(m["is_capped_frac"], rows.sum() / real.sum(), rtol=1e-6)
+  else:
+    np.testing.assert_allclose(m["is_seq_masked_frac"], 4 / 16, rtol=1e-6)
+    np.testing.assert_allclose(m["is_token_masked_frac"], rows.sum() / real.sum(), rtol=1e-6)
