@@ -318,3 +318,46 @@ def test_corrected_policy_step_micro_batches_equal_one_shot(kind):
   else:
     np.testing.assert_allclose(m["is_seq_masked_frac"], 4 / 16, rtol=1e-6)
     np.testing.assert_allclose(m["is_token_masked_frac"], rows.sum() / real.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["token_tis", "seq_mask"])
+def test_corrected_packed_step_equals_full_batch(kind):
+  """Merged and packed rows (responses sharing rows, weights per token): the corrected step
+  equals the full batch's. The sampler runs 0.5 nats behind the trainer on 5 responses (ratio
+  1.65: capped at 1.3, or the response masked) and equal to it elsewhere, so no response sits
+  near the band's edge; some packed row holds responses of both kinds."""
+  from test_merge import _with_duplicates  # pylint: disable=import-outside-toplevel
+  from test_pack import LP_KEYS, _packed_merger  # pylint: disable=import-outside-toplevel
+
+  batch = _with_duplicates()
+  mesh = sharding.make_mesh(**MESH8)
+  params = init_params(STEP_TINY, jax.random.key(0))
+  trainer = steps.make_logprob_fn(STEP_TINY, mesh, params)(params, {k: batch[k] for k in LP_KEYS})
+  behind = np.isin(np.arange(16), [5, 7, 10, 12, 14])  # no duplicated row (0-3, 8-9)
+  gap = np.where(behind, 0.5, 0.0)[:, None]
+  batch["sampler_logp"] = (np.asarray(trainer) - gap).astype(np.float32)
+  del batch["old_logp"]  # one on-policy update, as train.py's
+  merger = _packed_merger(batch, 4, mesh)
+  ref = merger.ref
+  ref_logp = merger.ref_packed.gather(batch["ref_logp"][ref.index[: ref.distinct]])
+  packed = merger.policy_batch(
+    batch["advantages"],
+    jax.device_put(batch["sampler_logp"]),
+    jax.device_put(ref_logp.astype(np.float32)),
+  )
+  seg = np.asarray(packed["response_segment"])
+  lp_fn = steps.make_logprob_fn(STEP_TINY, mesh, params, n_prompts=4, packed=True)
+  lp = lp_fn(params, {k: packed[k] for k in (*LP_KEYS, "prompt_index", "response_segment")})
+  off = (np.asarray(lp) - np.asarray(packed["sampler_logp"]) > 0.25) & (seg > 0)
+  assert any(off[r].any() and (~off[r] & (seg[r] > 0)).any() for r in range(len(seg)))
+  loss_cfg = ml_collections.ConfigDict(
+    dict(STEP_LOSS.to_dict(), sampler_is=dict(kind=kind, cap=1.3, seq_ratio="geometric"))
+  )
+  full = _one_policy_step(batch, loss_cfg, mesh, prompt_group=4)
+  got = _one_policy_step(packed, loss_cfg, mesh, n_prompts=4)
+  scaled = dict(batch, advantages=batch["advantages"] * 1.3, old_logp=np.asarray(trainer))
+  _assert_same_step(full, got, _policy_metric_atol(params, scaled, loss_cfg))
+  key = "is_capped_frac" if kind == "token_tis" else "is_seq_masked_frac"
+  real = batch["response_mask"]
+  want = real[behind].sum() / real.sum() if kind == "token_tis" else behind.sum() / 16
+  np.testing.assert_allclose(got[1][key], want, rtol=1e-6)
