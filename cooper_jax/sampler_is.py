@@ -20,7 +20,8 @@ kind:
   "seq_mask":  masked importance sampling at the sequence level (verl's rollout_is, mode
                "mask", level "geometric" or "sequence"): a response whose sequence ratio lies
                outside [1/cap, cap] leaves the loss (its tokens leave the token-mean's
-               denominator too); the kept ones are not reweighted. seq_ratio "geometric": the
+               denominator too; the seq_mean modes still divide by every row, a masked one
+               adding 0); the kept ones are not reweighted. seq_ratio "geometric": the
                ratio's geometric mean over the response's tokens, exp(mean_t log r_t), which
                does not grow with length (verl recommends caps of ~1.0002-1.001 there);
                "product": prod_t r_t, the exact sequence ratio (caps of ~2-10).
