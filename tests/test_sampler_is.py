@@ -291,6 +291,19 @@ def test_config_typos_are_named(key, value, words):
     assert w in str(e.value), (w, str(e.value))
 
 
+def test_token_tis_with_sequence_level_gspo_is_refused():
+  """token_tis makes the advantage per token; gspo takes one constant within a response."""
+  c = config_lib.base_config()
+  c.policy.loss.name, c.policy.loss.agg = "gspo", "seq_mean_token_mean"
+  c.policy.loss.sampler_is.kind = "token_tis"
+  with pytest.raises(ValueError, match="gspo_token"):
+    config_lib.validate(c)
+  c.policy.loss.sampler_is.kind = "seq_mask"  # a mask keeps advantages constant per response
+  config_lib.validate(c)
+  c.policy.loss.name, c.policy.loss.sampler_is.kind = "gspo_token", "token_tis"
+  config_lib.validate(c)
+
+
 # ------------------------------------------------------------------- micro-batches, 8 devices
 @pytest.mark.parametrize("kind", ["token_tis", "seq_mask"])
 def test_corrected_policy_step_micro_batches_equal_one_shot(kind):
