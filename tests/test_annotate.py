@@ -190,6 +190,30 @@ def test_pretrain_rm_heldout_metrics_undefined_is_none(tiny):
   m = pretrain_rm.heldout_metrics(fixed([0.9, 0.6, 0.2, 0.1]), None, tok, triples([1, 0, 1, 0]), 64)
   assert (m["tp"], m["fp"], m["fn"], m["tn"]) == (1, 1, 1, 1)
   assert m["precision"] == 0.5 and m["recall"] == 0.5 and m["accuracy"] == 0.5
+  assert m["auc"] == 0.75  # positives 0.9, 0.2 over negatives 0.6, 0.1: 3 of 4 orderings
+  # one question: pairs (0.9, 0.6) (0.9, 0.1) (0.2, 0.6) (0.2, 0.1), the third one wrong
+  assert (m["pair_acc"], m["n_pairs"], m["n_pair_questions"]) == (0.75, 4, 1)
+
+
+def test_pretrain_rm_pair_accuracy_pairs_within_a_question_only():
+  rows = [
+    {"question": q, "label": y} for q, y in (("a", 1), ("a", 0), ("b", 1), ("b", 0), ("c", 1))
+  ]
+  # a: 0.4 > 0.3 right; b: 0.2 < 0.5 wrong (0.4 > 0.2 across questions is no pair); c: no pair
+  m = pretrain_rm.pair_accuracy(np.asarray([0.4, 0.3, 0.2, 0.5, 0.9]), rows)
+  assert m == {"pair_acc": 0.5, "n_pairs": 2, "n_pair_questions": 2}
+  tie = pretrain_rm.pair_accuracy(np.asarray([0.5, 0.5]), rows[:2])
+  assert tie["pair_acc"] == 0.0  # a tie is an error, as eval/rm_pair_acc counts it
+  assert pretrain_rm.pair_accuracy(np.asarray([0.9]), rows[4:])["pair_acc"] is None
+
+
+def test_pretrain_rm_hybrid_label_needs_rollouts():
+  with pytest.raises(SystemExit):
+    pretrain_rm.parse_args(
+      ["--data", "x.jsonl", "--backbone", "b", "--out", "o", "--label", "rule+chain"]
+    )
+  a = pretrain_rm.parse_args(["--from_policy", "p", "--questions", "q", "--out", "o"])
+  assert a.label == "rule"  # the default is unchanged
 
 
 def test_exact_int_gold():

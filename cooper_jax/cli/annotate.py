@@ -112,6 +112,42 @@ def agreement_filter(rule_labels: Sequence[int], judge_labels: Sequence[int]):
   return kept, stats
 
 
+# The same agreement rule where the second annotator is the arith task's own chain check
+# (cli/pretrain_rm.py --label rule+chain): (rule label, chain label) of a disagreement -> kind
+DISAGREEMENT_KINDS = {(1, 0): "rule_correct_chain_wrong", (0, 1): "rule_wrong_chain_correct"}
+
+
+def hybrid_label(triples: list[dict], solutions: list[str]) -> tuple[list[dict], list[dict], dict]:
+  """Cooper's hybrid annotation (cooper-method.md, component 2) with the arith task's chain
+  check (every line of the gold `solution`, in order) in the LLM judge's place: (kept triples,
+  dropped triples, stats). A triple's `label` is its rule verdict (0/1); it is kept, with that
+  label, where the chain check says the same, else dropped with its `kind`
+  (DISAGREEMENT_KINDS) and counted."""
+  from cooper_jax.tasks.arith import chain_is_correct  # pylint: disable=import-outside-toplevel
+
+  if len(triples) != len(solutions):
+    raise ValueError(f"{len(triples)} triples but {len(solutions)} solutions")
+  rule = [int(t["label"]) for t in triples]
+  chain = [int(chain_is_correct(t["completion"], s)) for t, s in zip(triples, solutions)]
+  kept_idx, agreement = agreement_filter(rule, chain)
+  keep = set(kept_idx.tolist())
+  kept, dropped = [], []
+  for i, (t, r, c) in enumerate(zip(triples, rule, chain)):
+    if i in keep:
+      kept.append({**t, "rule_label": r, "chain_label": c})
+    else:
+      row = {k: v for k, v in t.items() if k != "label"}
+      dropped.append({**row, "rule_label": r, "chain_label": c, "kind": DISAGREEMENT_KINDS[r, c]})
+  stats = {
+    "n": len(triples),
+    "kept": len(kept),
+    "kept_positive": agreement["kept_positive"],
+    "dropped": {k: sum(d["kind"] == k for d in dropped) for k in DISAGREEMENT_KINDS.values()},
+    "cohen_kappa": agreement["cohen_kappa"],
+  }
+  return kept, dropped, stats
+
+
 def format_stats(stats: dict) -> str:
   """Human-readable summary of an annotation run's stats."""
   a = stats["agreement"]
