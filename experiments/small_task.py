@@ -30,6 +30,10 @@ Conditions:
   cooper_weak_rewrite,          ... co-trained with llm_rewrite / on-policy negatives (RM lr 10x);
   cooper_weak_onpolicy          cooper_weak_rewrite_rmlr{1,3,30}x, cooper_weak_onpolicy_rmlr1x:
                                 the RM's lr at that multiple of the policy's
+  static_rm_competent,          a competent RM built the paper's way for the wide testbed
+  cooper_competent_rewrite      (rm_competent/: policy_wide's backbone, BCE on hybrid-labelled
+                                rollouts of it), frozen or co-trained as the paper's Cooper
+                                (llm_rewrite negatives, RM lr 10x, one RM step per policy step)
   cooper_onpolicy               beyond the paper: the group's rule-rejected rollouts as negatives
                                 (the rule verifier's recall on this task: 100% of 105 correct
                                 rollouts, results/verifier_comparison)
@@ -53,6 +57,7 @@ SHIPPED = Path(__file__).resolve().parent / "assets" / "small_task"
 # Values may name the artifacts directory as {work}.
 PLANTED = {"rm.model": "{work}/rm_planted"}
 WEAK = {"rm.model": "{work}/rm_weak"}
+COMPETENT = {"rm.model": "{work}/rm_competent"}
 # The paper's negative generator: the small task's assistant (tools/assets/train_small_rewriter.py)
 # rewrites the positive, sampled by the same compiled sampler, accepted when math-verify says
 # its answer differs, up to pairs.max_tries tries.
@@ -112,6 +117,11 @@ CONDITIONS = {
     "cooper",
     {**WEAK, "pairs.negatives": "on_policy", RM_LR_RATIO: 1},
   ),
+  # A competent RM built the paper's way for the wide testbed (policy=wide): policy_wide/'s
+  # backbone + score head, BCE on rollouts of policy_wide/ kept where the rule verifier and the
+  # chain check agree (assets README: rm_competent/); frozen, or co-trained as the paper's Cooper.
+  "static_rm_competent": ("static_rm", COMPETENT),
+  "cooper_competent_rewrite": ("cooper", {**COMPETENT, **REWRITE}),
 }
 
 

@@ -266,3 +266,58 @@ def test_tiny_small_task_run_steps_the_rm_on_its_schedule(tmp_path):
   assert step == 4 and int(state["rm"]["step"]) == 4  # four RM updates
   config = json.loads((tmp_path / "config.json").read_text())
   assert config["rm"]["optim"]["name"] == "lion" and config["rm"]["optim"]["lion"]["b1"] == 0.95
+
+
+# ------------------------------------------------------------------------------ rm_competent
+COMPETENT = ROOT / "experiments" / "assets" / "small_task" / "rm_competent"
+
+
+@pytest.mark.parametrize(
+  "cond,mode", [("static_rm_competent", "static_rm"), ("cooper_competent_rewrite", "cooper")]
+)
+def test_competent_rm_conditions_use_the_shipped_rm(cond, mode):
+  from cooper_jax.config import load_config  # pylint: disable=import-outside-toplevel
+
+  c = load_config(f"{ROOT}/experiments/small_task.py:cond={cond},policy=wide")
+  assert c.reward_mode == mode and Path(c.rm.model) == COMPETENT
+  assert c.policy.model.endswith("small_task/policy_wide")
+  for name in ("model.safetensors", "config.json", "tokenizer.json", "rm_report.json"):
+    assert (COMPETENT / name).is_file(), name
+  if mode == "cooper":  # the paper's Cooper: rewritten negatives, RM lr 10x, one RM step
+    assert c.pairs.negatives == "llm_rewrite" and c.pairs.assistant_model.endswith("/rewriter")
+    assert c.rm.optim.lr == pytest.approx(10 * c.policy.optim.lr, rel=1e-12)
+    assert c.rm.updates_per_step == 1
+
+
+def test_hybrid_label_keeps_agreements_and_counts_disagreements():
+  """The rule verifier (math-verify, final answer) and the chain check (every line) label each
+  rollout; agreement keeps the label, disagreement drops the rollout and counts its kind."""
+  from cooper_jax.cli.annotate import hybrid_label  # pylint: disable=import-outside-toplevel
+
+  gold = "10 + 7 = 17\n17 + 8 = 25\nThe answer is \\boxed{25}."
+  completions = [
+    gold,  # rule 1, chain 1: kept as 1
+    "10 + 7 = 17\n17 + 8 = 26\nThe answer is \\boxed{26}.",  # rule 0, chain 0: kept as 0
+    "10 + 7 = 18\n18 + 8 = 25\nThe answer is \\boxed{25}.",  # right answer, a wrong line
+    "10 + 7 = 17\n17 + 8 = 25\nThe answer is \\boxed{26}.",  # every line right, wrong answer
+    "10 + 7 = 18\n18 + 8 = 25\nThe answer is \\boxed{25}.",  # the same again: counted twice
+  ]
+  with RuleVerifier(1) as v:
+    rule = v.verify(completions, ["25"] * len(completions))
+  assert rule.correct.tolist() == [True, False, True, False, True]
+  triples = [
+    {"id": f"r{i}", "question": "q", "reference": "25", "completion": c, "label": int(y)}
+    for i, (c, y) in enumerate(zip(completions, rule.correct))
+  ]
+  kept, dropped, stats = hybrid_label(triples, [gold] * len(triples))
+  assert [(t["id"], t["label"]) for t in kept] == [("r0", 1), ("r1", 0)]
+  assert [(d["id"], d["kind"]) for d in dropped] == [
+    ("r2", "rule_correct_chain_wrong"),
+    ("r3", "rule_wrong_chain_correct"),
+    ("r4", "rule_correct_chain_wrong"),
+  ]
+  assert all("label" not in d for d in dropped)  # a disagreement is no label
+  assert stats["dropped"] == {"rule_correct_chain_wrong": 2, "rule_wrong_chain_correct": 1}
+  assert (stats["n"], stats["kept"], stats["kept_positive"]) == (5, 2, 1)
+  with pytest.raises(ValueError, match="5 triples but 4 solutions"):
+    hybrid_label(triples, [gold] * 4)
