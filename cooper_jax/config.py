@@ -244,6 +244,19 @@ def base_config() -> ml_collections.ConfigDict:
     # its own dtype, so the sampler's log-probs differ from the trainer's (the mismatch
     # policy.loss.sampler_is corrects; sampling.sample).
     dtype="",
+    # DAPO's dynamic sampling (cooper_jax/dynamic_sampling.py): groups whose reward is flat (no
+    # gradient) are dropped and further batches of prompts_per_step prompts drawn until the
+    # step holds prompts_per_step informative groups, at most max_batches batches (then flat
+    # groups pad it at loss weight 0, counted). metric "reward": flat in the reward the policy
+    # trains on (rule: the verdict; static_rm/cooper: the RM score, so min_std > 0 to drop
+    # near-flat groups); "rule": flat in the rule verdict. Cooper's RM pairs come from the
+    # kept groups. One process only. Off: one batch per step, as without it.
+    dynamic_sampling=dict(enable=False, max_batches=4, metric="reward", min_std=0.0),
+    # DAPO's overlong handling (cooper_jax/overlong.py). penalty_buffer > 0 (L_cache, tokens):
+    # the soft overlong punishment, 0 up to L_max - L_cache, linear to -penalty_factor at
+    # L_max = penalty_max_len (0: max_new_tokens), added to the reward before advantages.
+    # filter: responses cut at max_new_tokens get policy loss weight 0. Both off by default.
+    overlong=dict(penalty_buffer=0, penalty_max_len=0, penalty_factor=1.0, filter=False),
   )
 
   # negatives: "perturb" / "llm_rewrite" (made from the positive, the paper's design) or
@@ -471,6 +484,10 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       "config.rollout.one_pass_draw and config.rollout.blocked_draw are two different draws: "
       "set at most one"
     )
+  from cooper_jax import dynamic_sampling, overlong  # pylint: disable=import-outside-toplevel
+
+  dynamic_sampling.validate(c)
+  overlong.validate(c)
   stop = c.train.stop_after
   if not isinstance(stop, int) or isinstance(stop, bool) or not 0 <= stop <= c.train.steps:
     raise ValueError(
@@ -594,6 +611,11 @@ def validate_processes(c: ml_collections.ConfigDict, n: int) -> None:
   """What an N-process run needs beyond config.validate (which knows the device count)."""
   if n == 1:
     return
+  if c.rollout.dynamic_sampling.enable:
+    raise ValueError(
+      f"config.rollout.dynamic_sampling runs in one process (this run has {n}): the batch it "
+      "chooses would move groups between processes"
+    )
   if c.rollout.prompts_per_step % n:
     raise ValueError(
       f"config.rollout.prompts_per_step={c.rollout.prompts_per_step} must be divisible by the "

@@ -47,11 +47,13 @@ def merge_rows(
   *,
   extra: np.ndarray | None = None,
   n_devices: int = 1,
+  row_weight: np.ndarray | None = None,
 ) -> Merged:
   """Rows i and j merge when they answer the same prompt, their first lengths[i] tokens are
   equal (lengths equal too) and, with `extra`, extra[i] == extra[j] bit for bit (the advantage
   of a policy row). The result has a multiple of lcm(ROW_MULTIPLE, n_devices) rows, at most
-  the original count."""
+  the original count. row_weight [n]: each original row's loss weight (1 when None); a merged
+  row weighs the sum of its rows'."""
   n = len(prompt_of_row)
   if not len(tokens) == len(lengths) == n or (extra is not None and len(extra) != n):
     raise ValueError(
@@ -64,7 +66,8 @@ def merge_rows(
   distinct, slot = distinct_items(keys)
   inverse = np.asarray(slot, np.int64)
   _, first = np.unique(inverse, return_index=True)  # each distinct row's first occurrence
-  first, counts = first.tolist(), np.bincount(inverse, minlength=len(distinct)).tolist()
+  counts = np.bincount(inverse, weights=row_weight, minlength=len(distinct))
+  first, counts = first.tolist(), counts.tolist()
   pad = padded_rows(len(first), n, n_devices) - len(first)
   return Merged(
     index=np.asarray(first + [first[0]] * pad, np.int64),
@@ -159,10 +162,20 @@ class MergedStep:
       return self._packed_rows(self.ref, self.ref_packed)
     return self._rows(self.ref.index)
 
-  def policy_batch(self, adv: np.ndarray, sampler_logp: jax.Array, ref_logp=None) -> dict:
+  def policy_batch(
+    self, adv: np.ndarray, sampler_logp: jax.Array, ref_logp=None, row_weight=None
+  ) -> dict:
     """The policy step's batch: adv [n] (host) and sampler_logp [n, w] of every row, ref_logp
-    of the reference batch's rows (or None), gathered onto the merged policy rows."""
-    pol = merge_rows(self.group_of, self.resp_tok, self.resp_len, extra=adv, n_devices=self.n_dev)
+    of the reference batch's rows (or None), gathered onto the merged policy rows; row_weight
+    [n] (host, or None: 1): each row's loss weight (0: out of the loss, `merge_rows`)."""
+    pol = merge_rows(
+      self.group_of,
+      self.resp_tok,
+      self.resp_len,
+      extra=adv,
+      n_devices=self.n_dev,
+      row_weight=row_weight,
+    )
     self.rows, self.distinct = len(pol.index), pol.distinct
     everywhere = sharding.replicated(self.mesh)
     if self.pack:

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from cooper_jax import config as config_lib
 from cooper_jax import distributed as dist
+from cooper_jax import dynamic_sampling as dapo
 from cooper_jax import losses, merge, optim, run_records, run_steps, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa, run_data_keys
@@ -255,8 +256,13 @@ class Run:
     c, step, group = self.c, self.step, self.group
     rng = self.rng(step)
     t0 = time.perf_counter()
-    rows = self.iterator.next_batch(c.rollout.prompts_per_step)  # the same on every process
-    tok, mask, out = self.rollout(rows, jax.random.fold_in(rng, 0))
+    drawn = None  # rollout.dynamic_sampling: the batch chosen from several (dynamic_sampling)
+    if dapo.enabled(c):
+      drawn = dapo.draw(self, rng)
+      rows, tok, mask, out = drawn.rows, drawn.tok, drawn.mask, drawn.out
+    else:
+      rows = self.iterator.next_batch(c.rollout.prompts_per_step)  # the same on every process
+      tok, mask, out = self.rollout(rows, jax.random.fold_in(rng, 0))
     n = len(rows) * group
     # This process's rollouts: the rows its devices hold, whole groups (checked).
     own = dist.local_rows(out.tokens.sharding, n, 2)
@@ -288,41 +294,32 @@ class Run:
       # Dispatched now (asynchronously): the reference pass needs only the tokens, so it runs
       # on the devices while the host decodes, verifies and scores.
       batch["ref_logp"] = self.logprob_fn(self.ref_params, batch)
-    texts = [self.tokenizer.decode(out_tok[i][out_mask[i]].tolist()) for i in range(len(own))]
-    t_sample = time.perf_counter()
-    mine = [rows[i] for i in own[::group] // group]
-    refs = [r["answer"] for r in mine for _ in range(group)]
-    ver = self.verifier.verify(texts, refs, deadline_s=c.verifier.deadline_s)
-    ro = Rollouts(
-      rows=mine,
-      questions=[r["question"] for r in mine for _ in range(group)],
-      refs=refs,
-      texts=texts,
-      correct=np.asarray(ver.correct, bool),
-      index=own,
-      n_total=n,
-    )
+    if drawn is None:
+      texts = [self.tokenizer.decode(out_tok[i][out_mask[i]].tolist()) for i in range(len(own))]
+      t_sample = time.perf_counter()
+      ro, rewards, m = dapo.score_rollouts(self, rows, own, texts, n)
+    else:  # sampled, verified and scored while drawing
+      t_sample = time.perf_counter()
+      ro, rewards, m = drawn.ro, drawn.rewards, drawn.metrics
     t_verify = time.perf_counter()
-    keys = list(ver.counts)
-    counts = dist.sum_over_processes(np.asarray([ver.counts[k] for k in keys]))
-    m = {f"verify/{k}": int(v) for k, v in zip(keys, counts)}
-    m["rule/acc"] = float(ro.gather(ro.correct).mean())
-    rewards, rm = self.reward.rewards(ro)  # the whole batch's, on every process
-    m.update(rm)
-    m["reward/mean"] = float(rewards.mean())
     self.out.write_rollouts(ro, rewards, step)
-    adv = losses.grpo_advantages(
-      jnp.asarray(rewards), group, scale_by_std=c.policy.loss.scale_adv_by_std
+    adv = losses.grpo_advantages(  # the overlong penalty joins the rewards before advantages
+      jnp.asarray(dapo.shaped(c, rewards, resp_len, m)),
+      group,
+      scale_by_std=c.policy.loss.scale_adv_by_std,
     )
+    weight = dapo.row_weight(c, resp_len, drawn, m)
     adv = np.asarray(adv, np.float32)
     sampler_logp = _first_columns(out.logprobs.astype(jnp.float32), w)
     if self.layout.merge:
-      batch = merger.policy_batch(adv, sampler_logp, batch.get("ref_logp"))
+      batch = merger.policy_batch(adv, sampler_logp, batch.get("ref_logp"), weight)
       m["policy/rows"], m["policy/distinct_rows"] = merger.rows, merger.distinct
       m["policy/token_fill"] = merger.fill
     else:
       batch["advantages"] = dist.put_global(adv, sharding.batch_sharding(self.mesh, 1))
       batch["sampler_logp"] = sampler_logp
+      if weight is not None:
+        batch["row_weight"] = dist.put_global(weight, sharding.batch_sharding(self.mesh, 1))
     m.update(self.policy_update(batch, step))
     m["policy/response_width"] = w
     m["rollout/prompt_width"] = int(tok.shape[1])
