@@ -29,8 +29,6 @@ from concurrent.futures import ThreadPoolExecutor
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
-from ml_collections import config_flags
 from tqdm.auto import tqdm
 
 from cooper_jax import config as config_lib
@@ -40,7 +38,6 @@ from cooper_jax import losses, merge, optim, run_records, run_steps, sharding, s
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa, run_data_keys
 from cooper_jax.evaluate import evaluate_model
-from cooper_jax.host_platform import use_compilation_cache
 from cooper_jax.metrics import progress_line, step_line
 from cooper_jax.paths import as_path
 from cooper_jax.prompts import build_prompts
@@ -50,11 +47,6 @@ from cooper_jax.run_outputs import RunOutputs
 from cooper_jax.sampling import SampleOptions, sample
 from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import load_from_config
-
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "experiment config file[:variant]", lock_config=True
-)
-_WORKDIR = flags.DEFINE_string("workdir", None, "where metrics and checkpoints go")
 
 _STOP = {"requested": False}
 
@@ -528,45 +520,7 @@ def _compiled_count(jitted) -> int:
   return int(size()) if callable(size) else -1
 
 
-def main(argv):
-  del argv
-  if _WORKDIR.value is None:
-    raise app.UsageError("--workdir is required")
-  # Before anything touches a device: a multi-process run must join the runtime first.
-  dist.initialize(_CONFIG.value.distributed)
-  use_compilation_cache()  # reruns and later jobs read compiled steps back (host_platform)
-  # The primary logs the run; the others only warnings and errors (their own failures).
-  logging.getLogger().setLevel(logging.INFO if dist.is_primary() else logging.WARNING)
-  # Orbax logs every save step at INFO; keep the run's own INFO lines readable.
-  for handler in logging.getLogger().handlers:
-    handler.addFilter(lambda r: "/orbax/" not in r.pathname or r.levelno >= logging.WARNING)
-  try:
-    # A bad value (a misspelt optimizer or schedule, sizes that do not divide) is the user's
-    # to fix, as a changed config on resume is: one line, no traceback, nothing written.
-    config_lib.validate(_CONFIG.value, jax.device_count())
-  except ValueError as e:
-    raise SystemExit(f"config error: {e}") from None
-  try:
-    train(_CONFIG.value, _WORKDIR.value)
-  except run_records.ConfigChanged as e:  # a user's choice to make, not a crash: no traceback
-    raise SystemExit(f"error: {e}") from None
+if __name__ == "__main__":  # the command line is cooper_jax.cli.train (cooper-train)
+  from cooper_jax.cli.train import cli  # pylint: disable=import-outside-toplevel
 
-
-def cli() -> None:
-  """Console-script entry point (pyproject.toml) and `python -m cooper_jax.train`."""
-  import sys  # pylint: disable=import-outside-toplevel
-
-  from cooper_jax.cli import (  # pylint: disable=import-outside-toplevel
-    refuse_unknown_config_keys,
-    wants_help,
-  )
-
-  if wants_help(__doc__, __name__):
-    return
-  if refuse_unknown_config_keys("cooper-train"):
-    sys.exit(2)
-  app.run(main)
-
-
-if __name__ == "__main__":
   cli()

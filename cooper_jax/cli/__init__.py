@@ -1,7 +1,7 @@
 """The supported command lines, installed as console scripts by pyproject.toml (each also runs
 as `python -m cooper_jax.cli.<name>`; `--help` on each):
 
-  cooper-train      cooper_jax.train           one run: policy and RM, checkpoints, metrics
+  cooper-train      cooper_jax.cli.train       one run: policy and RM, checkpoints, metrics
   cooper-evaluate   cooper_jax.cli.evaluate    held-out pass@1 of a run or a model
   cooper-study      cooper_jax.cli.study       conditions x seeds on the small task, with report
   cooper-aot        cooper_jax.cli.aot         one iteration compiled for a TPU topology
