@@ -71,13 +71,25 @@ def per_response(x_bt, mask_bt, segment_bt=None):
     mean_b1 = jnp.sum(x_bt, axis=-1, keepdims=True) / jnp.maximum(n_b1, 1.0)
     return jnp.broadcast_to(mean_b1, x_bt.shape), jnp.broadcast_to(n_b1, x_bt.shape)
   b, t = x_bt.shape
-  # One id per (row, segment); a row of t positions has at most t segments (ids 0..t).
-  ids = (jnp.arange(b, dtype=jnp.int32)[:, None] * (t + 1) + segment_bt.astype(jnp.int32)).ravel()
-  n_seg = b * (t + 1)
+  ids_bt, n_seg = sequence_ids(mask_bt, segment_bt)
+  ids = ids_bt.ravel()
   sums = jax.ops.segment_sum(x_bt.ravel(), ids, num_segments=n_seg)
   counts = jax.ops.segment_sum(ones_bt.ravel(), ids, num_segments=n_seg)
   mean_bt = (sums / jnp.maximum(counts, 1.0))[ids].reshape(b, t)
   return mean_bt, counts[ids].reshape(b, t)
+
+
+def sequence_ids(mask_bt, segment_bt=None):
+  """([b, n] int32 id of each position's response, number of ids): a row is one response; a
+  packed row (`response_segment`, 1, 2, ... per response, 0 padding) holds several, one id per
+  (row, segment): a row of n positions has at most n segments (ids 0..n). Also the responses
+  of cooper_jax.sampler_is's sequence mask."""
+  _, jnp = _jnp()
+  b, n = mask_bt.shape
+  row_bt = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, n))
+  if segment_bt is None:
+    return row_bt, b
+  return row_bt * (n + 1) + segment_bt.astype(jnp.int32), b * (n + 1)
 
 
 def response_count(mask_bt, segment_bt=None):

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from cooper_jax.config import SAMPLER_IS_KINDS as KINDS
+from cooper_jax.objectives import sequence_ids
 
 
 def log_ratio(old_logp_bt, sampler_logp_bt):
@@ -61,16 +62,6 @@ def token_tis(log_r_bt, adv_bt, mask_bt, cap: float):
     "is_capped_frac": _mean((r_bt > cap).astype(jnp.float32), mask_bt),
   }
   return adv_bt * w_bt, metrics
-
-
-def sequence_ids(mask_bt, segment_bt=None):
-  """([b, n] int32 id of each position's response, number of ids): a row is one response; a
-  packed row (`response_segment`, 1, 2, ... per response, 0 padding) holds several."""
-  b, n = mask_bt.shape
-  row_bt = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, n))
-  if segment_bt is None:
-    return row_bt, b
-  return row_bt * (n + 1) + segment_bt.astype(jnp.int32), b * (n + 1)
 
 
 def seq_mask(log_r_bt, mask_bt, cap: float, seq_ratio: str, segment_bt=None):
