@@ -95,7 +95,7 @@ class CheckpointStore:
       options=ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
       ),
-      item_names=("policy", "rm", "meta"),
+      item_names=("policy", "rm", "meta", "ahead"),
     )
     self._unsealed: list[int] = []  # saved steps whose manifest is not written yet
 
@@ -105,10 +105,11 @@ class CheckpointStore:
   def step_dir(self, step: int) -> epath.Path:
     return self.directory / str(step)
 
-  def save(self, step: int, policy_state, rm_state, meta: dict[str, Any]) -> epath.Path:
-    """Saves everything for `step`; rm_state may be None (rule mode). Every process calls it.
-    With async saving it returns once the arrays are copied off the devices; the manifest
-    follows when the write has finished (at the next save, or `finish`)."""
+  def save(self, step: int, policy_state, rm_state, meta: dict[str, Any], ahead=None) -> epath.Path:
+    """Saves everything for `step`; rm_state may be None (rule mode); ahead: the rollouts
+    sampled ahead of their step (rollout.off_policy_steps), a pytree of arrays, or None. Every
+    process calls it. With async saving it returns once the arrays are copied off the devices;
+    the manifest follows when the write has finished (at the next save, or `finish`)."""
     self.finish()
     items = {
       "policy": ocp.args.StandardSave(policy_state),
@@ -116,6 +117,8 @@ class CheckpointStore:
     }
     if rm_state is not None:
       items["rm"] = ocp.args.StandardSave(rm_state)
+    if ahead is not None:
+      items["ahead"] = ocp.args.StandardSave(ahead)
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
     self._unsealed.append(int(step))
     if not self.manager.is_saving_in_progress():
@@ -154,6 +157,18 @@ class CheckpointStore:
     except Exception as e:  # noqa: BLE001 - any Orbax/tensorstore failure is a bad checkpoint
       raise CheckpointCorrupt(f"{step_dir}: cannot be restored: {type(e).__name__}: {e}") from e
     return out["policy"], out.get("rm") if rm_target is not None else None, meta
+
+  def restore_ahead(self, step: int, target):
+    """The rollouts sampled ahead that `step` saved, into target's shapes and shardings (a
+    step `restore` has verified)."""
+    try:
+      args = ocp.args.Composite(ahead=ocp.args.StandardRestore(target))
+      return self.manager.restore(step, args=args)["ahead"]
+    except Exception as e:  # noqa: BLE001 - as in restore
+      raise CheckpointCorrupt(
+        f"{self.step_dir(step)}: its rollouts sampled ahead cannot be restored: "
+        f"{type(e).__name__}: {e}"
+      ) from e
 
   def _verified(self, step: int) -> str | None:
     """None if `step` matches its manifest, else why not; hashed by the primary only (every

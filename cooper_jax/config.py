@@ -252,6 +252,11 @@ def base_config() -> ml_collections.ConfigDict:
     # near-flat groups); "rule": flat in the rule verdict. Cooper's RM pairs come from the
     # kept groups. One process only. Off: one batch per step, as without it.
     dynamic_sampling=dict(enable=False, max_batches=4, metric="reward", min_std=0.0),
+    # Off-policy rollouts (cooper_jax/rollouts.py): k > 0 samples step t + k's rollouts with
+    # step t's parameters while step t verifies, scores and updates (1: one-step-off-policy);
+    # the loss's ratio is then against the sampler's log-probs (policy.loss.sampler_is
+    # corrects staleness and numerics together). 0: on-policy, each step samples its own.
+    off_policy_steps=0,
     # DAPO's overlong handling (cooper_jax/overlong.py). penalty_buffer > 0 (L_cache, tokens):
     # the soft overlong punishment, 0 up to L_max - L_cache, linear to -penalty_factor at
     # L_max = penalty_max_len (0: max_new_tokens), added to the reward before advantages.
@@ -484,9 +489,10 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       "config.rollout.one_pass_draw and config.rollout.blocked_draw are two different draws: "
       "set at most one"
     )
-  from cooper_jax import dynamic_sampling, overlong  # pylint: disable=import-outside-toplevel
+  from cooper_jax import dynamic_sampling, overlong, rollouts  # pylint: disable=import-outside-toplevel
 
   dynamic_sampling.validate(c)
+  rollouts.validate(c)
   overlong.validate(c)
   stop = c.train.stop_after
   if not isinstance(stop, int) or isinstance(stop, bool) or not 0 <= stop <= c.train.steps:

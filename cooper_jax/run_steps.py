@@ -55,6 +55,16 @@ def policy_updates(c, rows: int) -> tuple[int, int]:
   return mini, c.policy.ppo_epochs * (rows // mini)
 
 
+def old_logp_in_batch(c, n_updates: int) -> bool:
+  """Whether a policy batch carries old_logp, the ratio's denominator: with several updates a
+  step (later ones are off-policy), or with rollouts sampled ahead (rollout.off_policy_steps)
+  and no sampler correction (the ratio is then against the sampler's log-probs). A single
+  on-policy update, or a sampler-corrected one, takes sg(logp) itself."""
+  if n_updates > 1:
+    return True
+  return c.rollout.off_policy_steps > 0 and c.policy.loss.sampler_is.kind == "none"
+
+
 def logprob_fn(c, layout: PolicyLayout, model_cfg, mesh, params):
   """The forward-only pass of the response log-probs (the reference's, under a KL term)."""
   return steps.make_logprob_fn(

@@ -34,17 +34,16 @@ from tqdm.auto import tqdm
 from cooper_jax import config as config_lib
 from cooper_jax import distributed as dist
 from cooper_jax import dynamic_sampling as dapo
-from cooper_jax import losses, merge, optim, run_records, run_steps, sharding, steps
+from cooper_jax import losses, merge, optim, rollouts, run_records, run_steps, sharding, steps
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa, run_data_keys
 from cooper_jax.evaluate import evaluate_model
 from cooper_jax.metrics import progress_line, step_line
 from cooper_jax.paths import as_path
-from cooper_jax.prompts import build_prompts
 from cooper_jax.reward_modes import Rollouts, make_reward_mode
 from cooper_jax.rewards.verify import RuleVerifier
 from cooper_jax.run_outputs import RunOutputs
-from cooper_jax.sampling import SampleOptions, sample
+from cooper_jax.sampling import sample
 from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import load_from_config
 
@@ -128,11 +127,17 @@ class Run:
       self.workdir / "checkpoints", c.train.max_to_keep, async_save=c.train.async_checkpoint
     )
     self.step = 0
+    # rollout.off_policy_steps = k > 0: rollouts sampled k steps ahead (cooper_jax/rollouts.py).
+    k = c.rollout.off_policy_steps
+    self.ahead = rollouts.RolloutQueue(self, k) if k else None
     restored = self.store.restore_latest(self.policy_state, self.reward.state)
     if restored is not None:
       self.policy_state, self.reward.state, meta = restored
       self.iterator.load_state_dict(meta["data_iterator"])
       self.step = int(meta["step"])
+      if self.ahead is not None and meta.get("rollouts_ahead"):
+        load = functools.partial(self.store.restore_ahead, self.step)
+        self.ahead.restore(meta["rollouts_ahead"], load)
       logging.info("resumed from %s at step %d", self.store.directory, self.step)
       if self.config_changes is None:
         logging.warning("%s has no config record: this config is not compared", self.workdir)
@@ -146,45 +151,9 @@ class Run:
     return jax.random.fold_in(jax.random.key(self.c.seed), step)
 
   def rollout(self, rows, rng):
-    """G samples per prompt of the global batch, in sampler calls of at most
-    rollout.sample_batch_size rows: (prompt tokens, mask) on the host, the sampler's output as
-    global arrays split over (data, fsdp) like every batch. Each prompt is prefilled once for
-    its G samples (`sample(..., group_size=G)`)."""
-    c, g = self.c, self.group
-    prompts = build_prompts(self.tokenizer, [r["question"] for r in rows], c.data.prompt_suffix)
-    tok_u, mask_u = self.tokenizer.encode_prompts(
-      prompts, max_len=c.rollout.max_prompt_len, pad_to_multiple=c.rollout.prompt_pad_multiple
-    )
-    chunk = (c.rollout.sample_batch_size or len(prompts) * g) // g  # prompts per sampler call
-    shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    # Prompts split over the batch devices when they divide evenly; otherwise every device
-    # holds the few prompts (small: [prompts, width] ids) and the G-fold copy is split.
-    prompt_sh = (
-      sharding.batch_sharding(self.mesh) if chunk % shards == 0 else sharding.replicated(self.mesh)
-    )
-    options = SampleOptions.from_rollout(
-      c.rollout, eos_ids=self.tokenizer.eos_ids, pad_id=self.tokenizer.pad_id, mesh=self.mesh
-    )
-    outs = []
-    for i, start in enumerate(range(0, len(prompts), chunk)):
-      out = sample(
-        self.policy_state["params"],
-        dist.put_global(tok_u[start : start + chunk], prompt_sh),
-        dist.put_global(mask_u[start : start + chunk], prompt_sh),
-        rng if chunk == len(prompts) else jax.random.fold_in(rng, i),
-        cfg=self.policy_cfg,
-        options=options,
-      )
-      outs.append(out)
-    tok, mask = np.repeat(tok_u, g, axis=0), np.repeat(mask_u, g, axis=0)
-    rows_sh = sharding.batch_sharding(self.mesh, 1)  # leading axis split, the rest replicated
-    if len(outs) > 1:  # one batch again, each row back on the devices that own it
-      out = jax.jit(
-        lambda o: jax.tree.map(lambda *x: jnp.concatenate(x), *o), out_shardings=rows_sh
-      )(outs)
-    else:
-      out = jax.device_put(outs[0], rows_sh)
-    return tok, mask, out
+    """(prompt tokens, mask) on the host and the sampler's output for `rows` with the current
+    parameters (cooper_jax/rollouts.py)."""
+    return rollouts.rollout(self, rows, rng)
 
   def policy_update(self, batch: dict, step: int) -> dict:
     """PPO updates on one rollout batch: policy.ppo_epochs passes over mini-batches of
@@ -194,19 +163,22 @@ class Run:
     generated them; under policy.loss.sampler_is they are the trainer's own at the sampling
     parameters (one more forward pass), and the sampler's enter the correction only. Metrics
     are means over the updates; the mismatch is the first update's, taken at the sampling
-    parameters. `batch` holds the reference log-probs when a KL term needs them
+    parameters. Rollouts sampled ahead (rollout.off_policy_steps) are off-policy from the
+    first update: old_logp is the sampler's, or with sampler_is the trainer's now, the
+    correction then covering the staleness too (run_steps.old_logp_in_batch). `batch` holds the reference log-probs when a KL term needs them
     (`train_step` dispatches that pass as soon as the tokens exist)."""
     c = self.c
     b = batch["advantages"].shape[0]
     mb, n_updates = run_steps.policy_updates(c, b)
-    if n_updates == 1:
-      batches = [batch]
-    else:
+    if run_steps.old_logp_in_batch(c, n_updates):
       if c.policy.loss.sampler_is.kind == "none":
         batch = dict(batch, old_logp=batch["sampler_logp"])
       else:  # the ratio pi / pi_old is the trainer's; pi_old / pi_sampler is corrected
         rows = {k: batch[k] for k in _LOGPROB_KEYS if k in batch}
         batch = dict(batch, old_logp=self.logprob_fn(self.policy_state["params"], rows))
+    if n_updates == 1:
+      batches = [batch]
+    else:
       batches = []
       for epoch in range(c.policy.ppo_epochs):
         order = np.random.default_rng([c.seed, step, epoch]).permutation(b)
@@ -249,12 +221,17 @@ class Run:
     rng = self.rng(step)
     t0 = time.perf_counter()
     drawn = None  # rollout.dynamic_sampling: the batch chosen from several (dynamic_sampling)
+    params_age = 0  # how many updates old the parameters that sampled this step's rollouts are
     if dapo.enabled(c):
       drawn = dapo.draw(self, rng)
       rows, tok, mask, out = drawn.rows, drawn.tok, drawn.mask, drawn.out
+    elif self.ahead is not None:  # sampled k steps ahead (rollout.off_policy_steps)
+      ahead = self.ahead.take(step)
+      rows, tok, mask, out = ahead.rows, ahead.tok, ahead.mask, ahead.out
+      params_age = step - ahead.params_step
     else:
       rows = self.iterator.next_batch(c.rollout.prompts_per_step)  # the same on every process
-      tok, mask, out = self.rollout(rows, jax.random.fold_in(rng, 0))
+      tok, mask, out = self.rollout(rows, rollouts.step_key(self, step))
     n = len(rows) * group
     # This process's rollouts: the rows its devices hold, whole groups (checked).
     own = dist.local_rows(out.tokens.sharding, n, 2)
@@ -314,6 +291,7 @@ class Run:
         batch["row_weight"] = dist.put_global(weight, sharding.batch_sharding(self.mesh, 1))
     m.update(self.policy_update(batch, step))
     m["policy/response_width"] = w
+    m["rollout/params_age"] = params_age
     m["rollout/prompt_width"] = int(tok.shape[1])
     m["rollout/sampler_compiles"] = _compiled_count(
       sample
@@ -329,10 +307,12 @@ class Run:
       self._rm_pending = (self._rm_pool.submit(self._rm_update, ro, step), m)
     t_end = time.perf_counter()
     m["rollout/new_tokens"] = new_tokens = int(resp_len.sum())
+    if self.ahead is None:
+      m["time/sample_tokens_per_s"] = new_tokens / (t_sample - t0)
     m.update(
       {
-        "time/sample_tokens_per_s": new_tokens / (t_sample - t0),
         "time/step_tokens_per_s": new_tokens / (t_end - t0),
+        # Off-policy: the wait for rollouts sampled during earlier steps, not their sampling.
         "time/sample_s": t_sample - t0,
         "time/verify_s": t_verify - t_sample,
         "time/policy_s": t_policy - t_verify,
@@ -398,17 +378,25 @@ class Run:
 
   def save(self):
     self.finish_rm_update()
+    # Off-policy: the batches sampled ahead, and the data position from before they were drawn.
+    ahead = self.ahead.saved() if self.ahead is not None else None
+    position = self.ahead.data_position() if self.ahead is not None else None
     meta = {
-      "data_iterator": self.iterator.state_dict(),
+      "data_iterator": position or self.iterator.state_dict(),
+      "rollouts_ahead": ahead[1] if ahead else [],
       "config": json.loads(self.c.to_json_best_effort()),
       "policy_model": model_cfg_to_meta(self.policy_cfg),
       "tokenizer": self.tok_src,
       **self.reward.checkpoint_meta(),
     }
-    path = self.store.save(self.step, self.policy_state, self.reward.state, meta)
+    path = self.store.save(
+      self.step, self.policy_state, self.reward.state, meta, ahead=ahead[0] if ahead else None
+    )
     logging.info("checkpoint step %d -> %s", self.step, path)
 
   def close(self):
+    if self.ahead is not None:
+      self.ahead.close()
     if self._rm_pool is not None:
       self._rm_pool.shutdown(wait=True)
     self.out.close()

@@ -213,9 +213,10 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
     )
 
   # policy_update: one update on the whole batch, or ppo_epochs x (rows / ppo_mini_batch_size)
-  # updates of that many rows, which then carry old_logp. sampler_logp is always there.
+  # updates of that many rows; old_logp as train carries it. sampler_logp is always there.
+  old_logp = run_steps.old_logp_in_batch(c, n_updates)
   _, pb_shapes = run_steps.policy_batch_shapes(
-    layout, p_rows, p_len, n_new, kl=kl, old_logp=n_updates > 1
+    layout, p_rows, p_len, n_new, kl=kl, old_logp=old_logp
   )
   p_batch = abstract_batch(mesh, pb_shapes)
   n_p_micro = steps.micro_count(p_rows, pmb, mesh)
