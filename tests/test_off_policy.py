@@ -170,3 +170,16 @@ def test_kill_mid_overlap_and_resume_equals_the_straight_run(tmp_path):
   (sa, pa), (sb, pb) = final_params(tmp_path / "straight"), final_params(killed)
   assert sa == sb == steps
   jax.tree.map(np.testing.assert_array_equal, pa, pb)
+
+
+def test_old_logp_is_carried_where_the_ratio_is_not_the_trainers_own():
+  """One update, on-policy: sg(logp). Several updates, or rollouts sampled ahead without a
+  sampler correction: the batch carries old_logp (the AOT tool compiles the same batch)."""
+  from cooper_jax.run_steps import old_logp_in_batch  # pylint: disable=import-outside-toplevel
+
+  c = base_config()
+  assert not old_logp_in_batch(c, 1) and old_logp_in_batch(c, 2)
+  c.rollout.off_policy_steps = 1
+  assert old_logp_in_batch(c, 1)
+  c.policy.loss.sampler_is.kind = "token_tis"
+  assert not old_logp_in_batch(c, 1) and old_logp_in_batch(c, 4)

@@ -34,11 +34,12 @@ use_cpu_unless_accelerator()
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from cooper_jax import rollouts as rollouts_lib  # noqa: E402
 from cooper_jax import train as train_lib  # noqa: E402
 from cooper_jax.config import load_config  # noqa: E402
 
 TIMES: dict[str, float] = collections.defaultdict(float)
-_SAMPLE = train_lib.sample
+_SAMPLE = rollouts_lib.sample
 
 
 def timed(name: str, fn):
@@ -56,7 +57,7 @@ def timed(name: str, fn):
 
 def instrument(run: train_lib.Run) -> None:
   """Wrap the compiled calls of one Run (after its first step built them)."""
-  train_lib.sample = timed("sampler", _SAMPLE)
+  rollouts_lib.sample = timed("sampler", _SAMPLE)
   run.logprob_fn = timed("reference logprobs", run.logprob_fn)
   if run._policy_step is not None:
     run._policy_step = timed("policy_step", run._policy_step)
