@@ -1,7 +1,8 @@
 """Several JAX processes on this CPU, joined by jax.distributed on localhost (gloo collectives):
 the tiny config as 2 processes x 2 devices against 1 process x 4 devices, a process killed
 mid-run, a SIGTERM to one process, a corrupt newest checkpoint step, and Cooper's RM pair batch
-built by each process from its own pairs (tests/mp_pair_batch_worker.py).
+built by each process from its own pairs (tests/mp_pair_batch_worker.py), rollouts sampled
+one step ahead stopped and resumed.
 
 Each process is `python -m cooper_jax.train` with its own --config.distributed.* flags, as a
 user would start one per host."""
@@ -264,3 +265,21 @@ def test_merged_rows_two_processes_match_one_unmerged(tmp_path):
   # token_fill: a merged run's share of real tokens in its rows (no such row layout unmerged).
   skip = ("policy/rows", "policy/distinct_rows", "policy/token_fill", "policy/grad_norm")
   assert_same_metrics(a, b, atols, skip=skip)
+
+
+def test_off_policy_two_processes_stop_and_resume_replay_the_straight_run(tmp_path):
+  """Rollouts one step ahead (rollout.off_policy_steps=1) on 2 processes x 2 devices: the
+  sampler is dispatched from each main thread, and the batch sampled ahead is saved as global
+  arrays beside the models. Stopped after step 2 and resumed, the run equals the straight one
+  bit for bit (the same layout: the same programs)."""
+  k = ("--config.rollout.off_policy_steps=1",)
+  straight, split = tmp_path / "straight", tmp_path / "split"
+  _run(straight, 2, 2, *k, steps=4)
+  _run(split, 2, 2, *k, "--config.train.stop_after=2", steps=4)
+  assert (split / "checkpoints" / "2" / "ahead").is_dir()
+  _run(split, 2, 2, *k, steps=4)
+  assert "resumed from" in _log(split, 0)
+  a, b = read_metrics(straight), read_metrics(split)
+  assert [r["rollout/params_age"] for r in a] == [0, 1, 1, 1]
+  assert _comparable(a) == _comparable(b)
+  jax.tree.map(np.testing.assert_array_equal, _params(straight, 4), _params(split, 4))
