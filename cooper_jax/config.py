@@ -299,6 +299,11 @@ def base_config() -> ml_collections.ConfigDict:
     eval_samples=1,
     eval_temperature=0.0,
     eval_max_new_tokens=256,
+    # KL(pi_t || pi_0) at each evaluation (cooper_jax/kl_monitor.py: eval/kl_init, the x-axis
+    # of an overoptimization curve): eval_kl_samples samples of each of the first
+    # eval_kl_prompts evaluation prompts at the rollout temperature. 0: off.
+    eval_kl_prompts=0,
+    eval_kl_samples=4,
     checkpoint_every=25,
     max_to_keep=3,
     # Save in a background thread (Orbax async): the next step starts while the arrays are
@@ -489,10 +494,16 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
       "config.rollout.one_pass_draw and config.rollout.blocked_draw are two different draws: "
       "set at most one"
     )
-  from cooper_jax import dynamic_sampling, overlong, rollouts  # pylint: disable=import-outside-toplevel
+  from cooper_jax import (  # pylint: disable=import-outside-toplevel
+    dynamic_sampling,
+    kl_monitor,
+    overlong,
+    rollouts,
+  )
 
   dynamic_sampling.validate(c)
   rollouts.validate(c)
+  kl_monitor.validate(c)
   overlong.validate(c)
   stop = c.train.stop_after
   if not isinstance(stop, int) or isinstance(stop, bool) or not 0 <= stop <= c.train.steps:

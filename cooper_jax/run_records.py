@@ -38,6 +38,8 @@ MAY_DIFFER = (
   "train.max_to_keep",
   "train.async_checkpoint",
   "train.eval_every",  # when to evaluate; evaluation draws from its own seed
+  "train.eval_kl_prompts",  # a monitor at evaluations (kl_monitor), its own key
+  "train.eval_kl_samples",
   "train.save_rollouts",
   "train.save_pairs",
   "train.overlap_rm_update",  # the same numbers, the RM update in a thread (tests/test_train.py)

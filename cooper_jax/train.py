@@ -34,7 +34,17 @@ from tqdm.auto import tqdm
 from cooper_jax import config as config_lib
 from cooper_jax import distributed as dist
 from cooper_jax import dynamic_sampling as dapo
-from cooper_jax import losses, merge, optim, rollouts, run_records, run_steps, sharding, steps
+from cooper_jax import (
+  kl_monitor,
+  losses,
+  merge,
+  optim,
+  rollouts,
+  run_records,
+  run_steps,
+  sharding,
+  steps,
+)
 from cooper_jax.checkpoint import CheckpointStore, model_cfg_to_meta
 from cooper_jax.data import PromptIterator, load_qa, run_data_keys
 from cooper_jax.evaluate import evaluate_model
@@ -119,6 +129,12 @@ class Run:
       eval_keys = run_data_keys(c.data, "eval")
       self.eval_rows, _ = load_qa(c.data.eval, limit=c.data.eval_limit or None, **eval_keys)
     self.iterator = PromptIterator(self.train_rows, seed=c.seed)
+    self.kl_monitor = None  # KL(pi_t || pi_0) at evaluations (train.eval_kl_prompts)
+    if self.eval_rows is not None and kl_monitor.enabled(c):
+      init = self.ref_params
+      if init is None:  # no KL term: a copy of the initial parameters for the monitor
+        init = sharding.shard_tree(jax.device_get(policy_params), self.mesh)
+      self.kl_monitor = kl_monitor.KLMonitor(self, init)
 
     if dist.is_primary():
       self.workdir.mkdir(parents=True, exist_ok=True)
@@ -374,6 +390,8 @@ class Run:
     )
     b = res["benchmarks"][c.data.eval]
     m.update({"eval/acc": b["accuracy"], "eval/ci_lo": b["ci95"][0], "eval/ci_hi": b["ci95"][1]})
+    if self.kl_monitor is not None:
+      m.update(self.kl_monitor(self.policy_state["params"], self.step))
     return m
 
   def save(self):
