@@ -202,6 +202,30 @@ def test_reference_pass_shares_prompts_in_its_own_micro_batches():
   assert flops(c)["ref_logprobs"] == aot.forward_flops(cfg, rows, p + n, p + n, n)
 
 
+def test_log_prob_passes_counted_as_train_runs_them():
+  """The forward-only passes of an iteration (no compile): the reference's under a KL term;
+  with a sampler correction and several updates (or rollouts sampled ahead) train.py also
+  takes the trainer's own old log-probs, one more pass of the same shapes; without a KL term
+  that pass alone; an uncorrected off-policy batch carries the sampler's (no pass)."""
+  topo = aot.get_topology(TOPOLOGY)
+  c = paper_config("qwen,rule")
+  mesh = sharding.make_mesh(**c.mesh, devices=topo.devices)
+  calls = lambda cc: {f.name: f.calls for f in aot.build_functions(cc, mesh)[0]}
+  assert calls(c)["ref_logprobs"] == 1
+  c.policy.ppo_mini_batch_size = c.rollout.prompts_per_step * c.rollout.group_size // 2
+  assert calls(c)["ref_logprobs"] == 1  # old_logp = the sampler's
+  c.policy.loss.sampler_is.kind = "token_tis"
+  assert calls(c)["ref_logprobs"] == 2
+  c.policy.loss.kl_coef = 0.0
+  assert calls(c)["old_logprobs"] == 1 and "ref_logprobs" not in calls(c)
+  c.policy.ppo_mini_batch_size = 0
+  c.rollout.off_policy_steps = 1  # one update, sg(logp) itself: no pass
+  assert "old_logprobs" not in calls(c)
+  c.policy.loss.sampler_is.kind = "none"
+  (step,) = [f for f in aot.build_functions(c, mesh)[0] if f.name == "policy_step"]
+  assert "old_logp" in step.lower().args_info[0][1]  # the sampler's, carried in the batch
+
+
 def test_reward_pass_reads_the_weights_once_per_score_micro_batch():
   """The RM reward forward runs rm.score_micro_batch_size rows at a time (128 of 1024 in
   paper.py: 8 passes), not rm_step's micro-batches of rm.micro_batch_size pairs (16: 64)."""

@@ -161,7 +161,10 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
   layout = run_steps.PolicyLayout.of(c)
   p_rows, n_updates = run_steps.policy_updates(c, rows)
   lp_shapes, _ = run_steps.policy_batch_shapes(layout, rows, p_len, n_new, kl=kl, old_logp=False)
-  if kl:
+  # Forward-only log-prob passes of an iteration: the reference's (a KL term) and, where the
+  # ratio is the trainer's own under a sampler correction, the old policy's (train.py).
+  old_pass = run_steps.old_logp_in_batch(c, n_updates) and c.policy.loss.sampler_is.kind != "none"
+  if kl or old_pass:
     lp_batch = abstract_batch(mesh, lp_shapes)
     lp_fn = run_steps.logprob_fn(c, layout, pol_cfg, mesh, pol_params)
     n_lp_micro = steps.micro_count(rows, lmb, mesh)
@@ -169,7 +172,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
     fwd_acts = shared_forward_bytes(pol_cfg, rows, p_len, n_new, n_new, tensor, g_lp)
     fns.append(
       FnSpec(
-        "ref_logprobs",
+        "ref_logprobs" if kl else "old_logprobs",
         lambda: lp_fn.lower(pol_params, lp_batch),
         device_bytes(pol_params),
         device_bytes(pol_params) + device_bytes(lp_batch),
@@ -178,6 +181,7 @@ def build_functions(c, mesh) -> tuple[list[FnSpec], dict[str, int]]:
           per_device(fwd_acts, w_pol, n_dev, tensor, n_lp_micro)
           + n_lp_micro * chunked_head_bytes(pol_cfg, n_new, chunk, 1),
         ),
+        calls=int(kl) + int(old_pass),
       )
     )
 
