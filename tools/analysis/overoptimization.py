@@ -66,9 +66,12 @@ def peak_and_onset(steps: np.ndarray, gold: np.ndarray, drop: float) -> dict:
   }
 
 
-def seed_curves(rows: list[dict], block: int, drop: float) -> dict:
-  """One run's curves and summary; accuracies in percentage points."""
+def seed_curves(rows: list[dict], block: int, drop: float) -> dict | None:
+  """One run's curves and summary, accuracies in percentage points; None before its first
+  whole block."""
   s_roll, gold_roll = blocks(rows, "rule/acc", block)
+  if not len(s_roll):  # not one whole block yet (a run in progress)
+    return None
   _, proxy = blocks(rows, "reward/mean", block)
   s_eval, gold_eval = at_evals(rows, "eval/acc")
   s_kl, kl = at_evals(rows, "eval/kl_init")
@@ -93,14 +96,14 @@ def seed_curves(rows: list[dict], block: int, drop: float) -> dict:
 def summarise(study: Path, conditions: list[str], block: int, drop: float) -> dict:
   out = {}
   for cond in conditions:
-    runs = sorted(
-      (study / "runs").glob(f"{cond}_s*"), key=lambda p: int(re.sub(r".*_s", "", p.name))
-    )
+    runs = [p for p in (study / "runs").glob(f"{cond}_s*") if p.is_dir()]  # not the .log
+    runs.sort(key=lambda p: int(re.sub(r".*_s", "", p.name)))
     per_seed = {}
     for r in runs:
       m = r / "metrics.jsonl"
-      if m.exists():
-        per_seed[int(re.sub(r".*_s", "", r.name))] = seed_curves(read_metrics(m), block, drop)
+      curves = seed_curves(read_metrics(m), block, drop) if m.exists() else None
+      if curves is not None:
+        per_seed[int(re.sub(r".*_s", "", r.name))] = curves
     over = [
       s
       for s, v in per_seed.items()
