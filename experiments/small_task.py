@@ -34,6 +34,8 @@ Conditions:
   cooper_competent_rewrite      (rm_competent/: policy_wide's backbone, BCE on hybrid-labelled
                                 rollouts of it), frozen or co-trained as the paper's Cooper
                                 (llm_rewrite negatives, RM lr 10x, one RM step per policy step)
+  cooper_competent_onpolicy     ... co-trained with the group's rule-rejected rollouts as negatives
+  cooper_competent_rewrite_rmlr{0p1,1}x   ... the paper's Cooper with the RM's lr at 0.1x / 1x
   cooper_onpolicy               beyond the paper: the group's rule-rejected rollouts as negatives
                                 (the rule verifier's recall on this task: 100% of 105 correct
                                 rollouts, results/verifier_comparison)
@@ -122,6 +124,9 @@ CONDITIONS = {
   # chain check agree (assets README: rm_competent/); frozen, or co-trained as the paper's Cooper.
   "static_rm_competent": ("static_rm", COMPETENT),
   "cooper_competent_rewrite": ("cooper", {**COMPETENT, **REWRITE}),
+  "cooper_competent_onpolicy": ("cooper", {**COMPETENT, "pairs.negatives": "on_policy"}),
+  "cooper_competent_rewrite_rmlr1x": ("cooper", {**COMPETENT, **REWRITE, RM_LR_RATIO: 1}),
+  "cooper_competent_rewrite_rmlr0p1x": ("cooper", {**COMPETENT, **REWRITE, RM_LR_RATIO: 0.1}),
 }
 
 
