@@ -321,3 +321,23 @@ def test_hybrid_label_keeps_agreements_and_counts_disagreements():
   assert (stats["n"], stats["kept"], stats["kept_positive"]) == (5, 2, 1)
   with pytest.raises(ValueError, match="5 triples but 4 solutions"):
     hybrid_label(triples, [gold] * 4)
+
+
+@pytest.mark.parametrize(
+  "cond,negatives,ratio",
+  [
+    ("cooper_competent_rewrite", "llm_rewrite", 10),
+    ("cooper_competent_rewrite_rmlr1x", "llm_rewrite", 1),
+    ("cooper_competent_rewrite_rmlr0p1x", "llm_rewrite", 0.1),
+    ("cooper_competent_onpolicy", "on_policy", 10),
+    ("cooper_competent_onpolicy_rmlr1x", "on_policy", 1),
+  ],
+)
+def test_competent_cooper_arms_set_negatives_and_rm_lr(cond, negatives, ratio):
+  from cooper_jax.config import load_config  # pylint: disable=import-outside-toplevel
+
+  c = load_config(f"{ROOT}/experiments/small_task.py:cond={cond},policy=wide")
+  assert Path(c.rm.model) == COMPETENT and c.pairs.negatives == negatives
+  assert c.rm.optim.lr == pytest.approx(ratio * 2e-4)  # the wide testbed's policy lr
+  c.policy.optim.lr = 6e-4  # a policy-lr override moves the RM's with it
+  assert c.rm.optim.lr == pytest.approx(ratio * 6e-4)
