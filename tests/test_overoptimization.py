@@ -27,7 +27,7 @@ def _rows(gold, proxy, block=2):
   for k, (g, p) in enumerate(zip(gold, proxy)):
     for j, d in ((1, -0.01), (2, 0.01)):  # the block mean is exactly g, p
       rows.append({"step": k * block + j, "rule/acc": g + d, "reward/mean": p + d})
-    rows[-1].update({"eval/acc": g, "eval/kl_init": 0.01 * (k + 1)})
+    rows[-1].update({"eval/acc": g, "eval/kl_init": 0.01 * (k + 1), "eval/rm_pair_acc": p})
   return rows
 
 
@@ -45,3 +45,5 @@ def test_a_study_summary(tmp_path):
   np.testing.assert_allclose(seed0["gold_rollouts"], [50, 70, 55])
   assert seed0["rollouts"]["onset"] == 6 and seed0["proxy_end"] > seed0["proxy_at_gold_peak"]
   assert seed0["sqrt_kl_end"] == np.sqrt(0.03)
+  assert seed0["rm_steps"] == [2, 4, 6] and seed0["rm_pair_acc"] == [0.4, 0.6, 0.8]
+  assert "| 0.40 → 0.80 |" in oo.table(s, drop=10)  # the RM's pair accuracy, first → last

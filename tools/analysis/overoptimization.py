@@ -75,6 +75,7 @@ def seed_curves(rows: list[dict], block: int, drop: float) -> dict | None:
   _, proxy = blocks(rows, "reward/mean", block)
   s_eval, gold_eval = at_evals(rows, "eval/acc")
   s_kl, kl = at_evals(rows, "eval/kl_init")
+  s_rm, rm_acc = at_evals(rows, "eval/rm_pair_acc")  # the RM's held-out pair accuracy
   roll = peak_and_onset(s_roll, 100 * gold_roll, drop)
   i = int(np.argmax(gold_roll))
   return {
@@ -85,6 +86,8 @@ def seed_curves(rows: list[dict], block: int, drop: float) -> dict | None:
     "gold_heldout": (100 * gold_eval).tolist(),
     "kl_steps": s_kl.tolist(),
     "kl": kl.tolist(),
+    "rm_steps": s_rm.tolist(),
+    "rm_pair_acc": rm_acc.tolist(),
     "rollouts": roll,
     "heldout": peak_and_onset(s_eval, 100 * gold_eval, drop) if len(s_eval) else None,
     "proxy_at_gold_peak": float(proxy[i]),
@@ -117,19 +120,21 @@ def table(summary: dict, drop: float) -> str:
   head = (
     "| condition | seed | rollouts' rule acc: start → peak (step) → end, fall | onset | "
     "held-out greedy: start → peak (step) → end | onset | proxy at gold peak → end | "
-    "sqrt KL end |\n|---|---|---|---|---|---|---|---|\n"
+    "sqrt KL end | RM pair acc: start → end |\n|---|---|---|---|---|---|---|---|---|\n"
   )
   lines = []
   for cond, v in summary.items():
     for seed, s in v["seeds"].items():
       r, h = s["rollouts"], s["heldout"] or {}
       kl = "-" if s["sqrt_kl_end"] is None else f"{s['sqrt_kl_end']:.2f}"
+      rm = s.get("rm_pair_acc") or []
+      rm = f"{rm[0]:.2f} → {rm[-1]:.2f}" if rm else "-"
       lines.append(
         f"| {cond} | {seed} | {r['start']:.1f} → {r['peak']:.1f} ({r['peak_step']}) → "
         f"{r['end']:.1f}, {r['fall']:.1f} | {r['onset'] or '-'} | "
         f"{h.get('start', 0):.0f} → {h.get('peak', 0):.0f} ({h.get('peak_step', '-')}) → "
         f"{h.get('end', 0):.0f} | {h.get('onset') or '-'} | "
-        f"{s['proxy_at_gold_peak']:.3f} → {s['proxy_end']:.3f} | {kl} |"
+        f"{s['proxy_at_gold_peak']:.3f} → {s['proxy_end']:.3f} | {kl} | {rm} |"
       )
   foot = "".join(
     f"\n{cond}: overoptimized (rollouts' gold falls >= {drop:g} points from its peak while the "
