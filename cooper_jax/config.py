@@ -269,8 +269,9 @@ def base_config() -> ml_collections.ConfigDict:
   # sound only where the rule verifier's recall is high, else it feeds right answers as wrong).
   c.pairs = dict(
     positive="first",
-    # Which rollouts may be positives: "rule" (the rule verdict, the paper) or "rule+chain"
-    # (also every computation line right; arith rows, cooper_jax/tasks/arith.py).
+    # Which rollouts may be positives: "rule" (the rule verdict, the paper), "rule+chain"
+    # (also every computation line right; arith rows, cooper_jax/tasks/arith.py) or
+    # "rule+boxed" (also the answer stated in a non-empty \boxed{}).
     positive_check="rule",
     negatives="perturb",
     max_tries=3,
@@ -565,9 +566,10 @@ def validate(c: ml_collections.ConfigDict, n_devices: int | None = None) -> None
     raise ValueError(
       f"config.pairs.rewrite_format={c.pairs.rewrite_format!r}: expected 'paper' or 'plain'"
     )
-  if c.pairs.positive_check not in ("rule", "rule+chain"):
+  if c.pairs.positive_check not in ("rule", "rule+chain", "rule+boxed"):
     raise ValueError(
-      f"config.pairs.positive_check={c.pairs.positive_check!r}: expected 'rule' or 'rule+chain'"
+      f"config.pairs.positive_check={c.pairs.positive_check!r}: expected 'rule', 'rule+chain' "
+      "or 'rule+boxed'"
     )
   if c.pairs.positive not in ("first", "random"):
     raise ValueError(f"config.pairs.positive={c.pairs.positive!r}: expected 'first' or 'random'")

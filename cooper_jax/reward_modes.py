@@ -35,7 +35,7 @@ from cooper_jax.io import read_jsonl
 from cooper_jax.metrics import reward_hacking_monitors
 from cooper_jax.prompts import encode_rm_inputs, widen_left
 from cooper_jax.rewards.pairs import build_on_policy_pairs, build_pairs, pair_records
-from cooper_jax.rewards.verify import RuleVerifier
+from cooper_jax.rewards.verify import RuleVerifier, boxed_answer
 from cooper_jax.tokenizer import load_tokenizer
 from cooper_jax.weights import load_from_config
 
@@ -270,7 +270,7 @@ class CooperReward(StaticRMReward):
     seed = [c.seed, step] if dist.process_count() == 1 else [c.seed, step, first_prompt]
     args = ([r["question"] for r in ro.rows], [r["answer"] for r in ro.rows], ro.texts)
     rng = np.random.default_rng(seed)
-    positive_ok, n_chain_dropped = self._positive_ok(ro)
+    positive_ok, n_refused = self._positive_ok(ro)
     if self.negatives is None:
       pairs, stats = build_on_policy_pairs(
         *args, ro.correct, group, strategy=c.pairs.positive, rng=rng, positive_ok=positive_ok
@@ -300,7 +300,8 @@ class CooperReward(StaticRMReward):
     counts = dist.sum_over_processes(np.asarray(counts + [stats["rejects"][k] for k in reasons]))
     n_valid, n_prompts, tries, rejects = int(counts[0]), int(counts[1]), counts[2], counts[5:]
     m = {
-      "pairs/positives_chain_dropped": n_chain_dropped,
+      "pairs/positives_chain_dropped": n_refused if c.pairs.positive_check == "rule+chain" else 0,
+      "pairs/positives_unboxed_dropped": n_refused if c.pairs.positive_check == "rule+boxed" else 0,
       "pairs/valid_rate": n_valid / n_prompts if n_prompts else 0.0,
       "pairs/n_valid": n_valid,
       "pairs/negative_tries": int(tries),
@@ -334,10 +335,17 @@ class CooperReward(StaticRMReward):
     """Which rollouts may be a pair's positive, and how many rule-correct ones the chain check
     refused (summed over processes). pairs.positive_check "rule": the rule verdict (the paper);
     "rule+chain": also every computation line right (`chain_checked`), the precise-positives
-    variant."""
-    if self.c.pairs.positive_check == "rule":
+    variant; "rule+boxed": also the answer stated in a non-empty \\boxed{} (`verify.boxed_answer`:
+    math-verify reads an answer-less text's last number, while a rewriter's negatives box theirs,
+    a format cue the RM can learn; tools/analysis/pair_format.py)."""
+    check = self.c.pairs.positive_check
+    if check == "rule":
       return ro.correct, 0
-    return chain_checked(ro, self.c.rollout.group_size, "pairs.positive_check='rule+chain'")
+    if check == "rule+chain":
+      return chain_checked(ro, self.c.rollout.group_size, "pairs.positive_check='rule+chain'")
+    ok = np.asarray(ro.correct, bool) & np.array([boxed_answer(t) for t in ro.texts], bool)
+    refused = int(ro.correct.sum() - ok.sum())
+    return ok, int(dist.sum_over_processes(np.asarray([refused]))[0])
 
   def _pair_batch(self, pairs, n_total: int, prompt_index: np.ndarray):
     """This process's valid pairs first, then as few invalid rows as the bucketed row count

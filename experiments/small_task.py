@@ -37,6 +37,7 @@ Conditions:
   cooper_competent_onpolicy     ... co-trained with the group's rule-rejected rollouts as negatives
   cooper_competent_rewrite_rmlr{0p1,1}x   ... the paper's Cooper with the RM's lr at 0.1x / 1x
   cooper_competent_onpolicy_rmlr1x        ... on-policy negatives, the RM's lr at 1x
+  cooper_competent_rewrite_rmlr1x_boxedpos  ... rewrite, RM lr 1x, positives must box their answer
   cooper_onpolicy               beyond the paper: the group's rule-rejected rollouts as negatives
                                 (the rule verifier's recall on this task: 100% of 105 correct
                                 rollouts, results/verifier_comparison)
@@ -131,6 +132,10 @@ CONDITIONS = {
   "cooper_competent_onpolicy_rmlr1x": (
     "cooper",
     {**COMPETENT, "pairs.negatives": "on_policy", RM_LR_RATIO: 1},
+  ),
+  "cooper_competent_rewrite_rmlr1x_boxedpos": (
+    "cooper",
+    {**COMPETENT, **REWRITE, RM_LR_RATIO: 1, "pairs.positive_check": "rule+boxed"},
   ),
 }
 

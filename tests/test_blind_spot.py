@@ -212,6 +212,47 @@ def test_chain_checked_positives_refuse_a_right_answer_reached_by_wrong_lines(tm
     assert results["rule+chain"]["pairs/reject_empty"] == 0  # nothing was generated
 
 
+def test_boxed_positives_refuse_a_right_answer_with_no_boxed_answer(tmp_path):
+  """pairs.positive_check='rule+boxed': a rule-correct rollout that does not box its answer
+  (math-verify reads its last number) is no positive; counted in
+  pairs/positives_unboxed_dropped. Prompts 0-3's right rollout ends in "\\boxed" / "\\boxed{}",
+  prompts 4-7's boxes its answer; every second rollout is a boxed wrong answer."""
+  rows = _rows("train.jsonl", 8)
+  texts = []
+  for i, r in enumerate(rows):
+    bare = r["solution"].replace(f"\\boxed{{{r['answer']}}}.", "\\boxed" if i % 2 else "\\boxed{}.")
+    assert bare != r["solution"] or i >= 4
+    texts += [bare if i < 4 else r["solution"], make_wrong_solution(r, np.random.default_rng(i))]
+  ro = Rollouts(
+    rows=rows,
+    questions=[r["question"] for r in rows for _ in range(2)],
+    refs=[str(r["answer"]) for r in rows for _ in range(2)],
+    texts=texts,
+    correct=np.tile([True, False], 8),
+    index=np.arange(16),
+    n_total=16,
+  )
+  probe = tmp_path / "probe.jsonl"
+  from cooper_jax.io import write_jsonl  # pylint: disable=import-outside-toplevel
+
+  write_jsonl(probe, blind_spot.probe_rows(rows, np.random.default_rng(0)))
+  results = {}
+  for check in ("rule", "rule+boxed"):
+    c = _cooper_config(probe)
+    c.pairs.positive_check = check
+    c.pairs.negatives = "on_policy"
+    verifier = RuleVerifier(1)
+    try:
+      results[check] = CooperReward(c, sharding.make_mesh(**c.mesh), verifier).update(ro, 0)
+    finally:
+      verifier.close()
+  assert results["rule"]["pairs/n_valid"] == 8
+  assert results["rule"]["pairs/positives_unboxed_dropped"] == 0
+  assert results["rule+boxed"]["pairs/n_valid"] == 4  # prompts 4-7 only
+  assert results["rule+boxed"]["pairs/positives_unboxed_dropped"] == 4
+  assert results["rule+boxed"]["pairs/positives_chain_dropped"] == 0
+
+
 def test_rm_evaluation_is_rescored_only_when_the_rm_changed(tmp_path):
   """evaluate() keeps its numbers while the RM state is the one it scored (a frozen RM is scored
   once a run), and scores again after an RM step or a new state (a restore), equal to scoring

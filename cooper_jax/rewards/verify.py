@@ -57,6 +57,14 @@ def last_boxed_span(text: str) -> tuple[int, int] | None:
   return None
 
 
+def boxed_answer(text: str) -> bool:
+  """Whether the text states its answer in a closed, non-empty \\boxed{...}. math-verify does
+  not need one: with no box (or an empty one) it reads the text's last number, so an
+  answer-less rollout can still be rule-correct (pairs.positive_check='rule+boxed')."""
+  span = last_boxed_span(text)
+  return span is not None and bool(text[span[0] : span[1]].strip())
+
+
 def extract_answer(text: str) -> list:
   """math-verify's parse of one text: a list like [sympy_expr, "latex string"], [] if none.
 

@@ -17,13 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from cooper_jax.rewards.verify import last_boxed_span
-
-
-def boxed_answer(text: str) -> bool:
-  """A closed \\boxed{...} with something in it ends the text's answer."""
-  span = last_boxed_span(text)
-  return span is not None and bool(text[span[0] : span[1]].strip())
+from cooper_jax.rewards.verify import boxed_answer
 
 
 def block_shares(pairs: list[dict], block: int) -> list[dict]:
