@@ -1,4 +1,4 @@
-"""Co-trained RM arms against the frozen RM, paired by seed (issue 48 item 3): per seed, the
+"""Co-trained RM arms against the frozen RM, paired by seed: per seed, the
 gold (the rollouts' rule accuracy, 20-step blocks) of each arm at the frozen arm's peak and at
 the end, each arm's hacking onset (the first block >= --drop points below its running peak),
 and the final held-out accuracy; seed-level tests of Cooper - frozen.
@@ -6,7 +6,8 @@ and the final held-out accuracy; seed-level tests of Cooper - frozen.
   python tools/analysis/cooper_vs_frozen.py \
       --frozen results/overopt_competent:static_rm_competent \
       --rule results/overopt_competent:rule \
-      --cooper results/overopt_competent_cooper:cooper_competent_rewrite,cooper_competent_onpolicy \
+      --cooper results/overopt_competent_cooper:cooper_competent_rewrite \
+      --cooper results/overopt_competent_onpolicy:cooper_competent_onpolicy_rmlr1x \
       --out results/overopt_competent_cooper/cooper_vs_frozen
 
 Each STUDY:CONDITIONS names a cooper-study folder whose overoptimization.json (written by
@@ -141,13 +142,15 @@ def table(frozen_name: str, rule: dict | None, results: dict[str, dict], arms: d
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--frozen", required=True, help="STUDY:CONDITION")
-  ap.add_argument("--cooper", required=True, help="STUDY:CONDITION[,CONDITION...]")
+  ap.add_argument(
+    "--cooper", required=True, action="append", help="STUDY:CONDITION[,CONDITION...], repeatable"
+  )
   ap.add_argument("--rule", default=None, help="STUDY:CONDITION (shown, not compared)")
   ap.add_argument("--drop", type=float, default=10.0)
   ap.add_argument("--out", required=True, help="path prefix: writes <out>.md and <out>.json")
   a = ap.parse_args(argv)
   ((frozen_name, frozen),) = load_arms(a.frozen, a.drop).items()
-  cooper = load_arms(a.cooper, a.drop)
+  cooper = {cond: arm for spec in a.cooper for cond, arm in load_arms(spec, a.drop).items()}
   rule = next(iter(load_arms(a.rule, a.drop).values())) if a.rule else None
   results = {cond: compare(frozen, arm) for cond, arm in cooper.items()}
   text = table(frozen_name, rule, results, {frozen_name: frozen, **cooper})
