@@ -133,6 +133,22 @@ def test_cotraining_closes_a_planted_blind_spot(tmp_path, negatives):
     verifier.close()
 
 
+def _updates_by_check(probe, ro, checks, negatives, **rollout) -> dict:
+  """One CooperReward update of `ro` per pairs.positive_check in `checks` (its metrics)."""
+  results = {}
+  for check in checks:
+    c = _cooper_config(probe)
+    c.rollout.update(rollout)
+    c.pairs.positive_check = check
+    c.pairs.negatives = negatives
+    verifier = RuleVerifier(1)
+    try:
+      results[check] = CooperReward(c, sharding.make_mesh(**c.mesh), verifier).update(ro, 0)
+    finally:
+      verifier.close()
+  return results
+
+
 def _wrong_chain_rollouts() -> tuple[list[dict], Rollouts]:
   """8 prompts x 2 rollouts: first a right answer reached through a wrong first line (the rule
   accepts it), then the gold solution (prompts 0-3) or a wrong answer (prompts 4-7)."""
@@ -186,18 +202,9 @@ def test_chain_checked_positives_refuse_a_right_answer_reached_by_wrong_lines(tm
   from cooper_jax.io import write_jsonl  # pylint: disable=import-outside-toplevel
 
   write_jsonl(probe, blind_spot.probe_rows(multi, np.random.default_rng(0)))
-  results = {}
-  for check in ("rule", "rule+chain"):
-    c = _cooper_config(probe)
-    c.rollout.prompts_per_step = len(multi)
-    c.rollout.group_size = g
-    c.pairs.positive_check = check
-    c.pairs.negatives = negatives
-    verifier = RuleVerifier(1)
-    try:
-      results[check] = CooperReward(c, sharding.make_mesh(**c.mesh), verifier).update(ro, 0)
-    finally:
-      verifier.close()
+  results = _updates_by_check(
+    probe, ro, ("rule", "rule+chain"), negatives, prompts_per_step=len(multi), group_size=g
+  )
   assert results["rule"]["pairs/positives_chain_dropped"] == 0
   assert results["rule+chain"]["pairs/positives_chain_dropped"] == 8  # every wrong-chain one
   if negatives == "perturb":
@@ -236,16 +243,7 @@ def test_boxed_positives_refuse_a_right_answer_with_no_boxed_answer(tmp_path):
   from cooper_jax.io import write_jsonl  # pylint: disable=import-outside-toplevel
 
   write_jsonl(probe, blind_spot.probe_rows(rows, np.random.default_rng(0)))
-  results = {}
-  for check in ("rule", "rule+boxed"):
-    c = _cooper_config(probe)
-    c.pairs.positive_check = check
-    c.pairs.negatives = "on_policy"
-    verifier = RuleVerifier(1)
-    try:
-      results[check] = CooperReward(c, sharding.make_mesh(**c.mesh), verifier).update(ro, 0)
-    finally:
-      verifier.close()
+  results = _updates_by_check(probe, ro, ("rule", "rule+boxed"), "on_policy")
   assert results["rule"]["pairs/n_valid"] == 8
   assert results["rule"]["pairs/positives_unboxed_dropped"] == 0
   assert results["rule+boxed"]["pairs/n_valid"] == 4  # prompts 4-7 only
