@@ -12,9 +12,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "analysis
 import dose_response as dr  # noqa: E402  pylint: disable=wrong-import-position
 
 
-def _study(path: Path, arms: dict[str, dict[int, float]], rm_acc: dict[int, float | None]) -> None:
-  """A cooper-study folder: held-out accuracy (fraction) per condition and seed, and each
-  frozen run's step-0 RM pair accuracy (None: a metrics file without it)."""
+def _study(
+  path: Path, arms: dict[str, dict[int, float]], rm_acc: dict[int, float | None], end=0.5
+) -> None:
+  """A cooper-study folder: held-out accuracy (fraction) per condition and seed; each run's
+  RM pair accuracy at step 0 (None: a metrics file without it) and, for the cooper runs, `end`
+  at their last evaluation."""
   seeds = sorted({s for a in arms.values() for s in a})
   res = {
     "seeds": seeds,
@@ -22,11 +25,14 @@ def _study(path: Path, arms: dict[str, dict[int, float]], rm_acc: dict[int, floa
   }
   path.mkdir(parents=True)
   (path / "results.json").write_text(json.dumps(res))
-  for s, acc in rm_acc.items():
-    run = path / "runs" / f"frozen_s{s}"
-    run.mkdir(parents=True)
-    first = {"step": 0, "eval/acc": 0.9} | ({} if acc is None else {"eval/rm_pair_acc": acc})
-    (run / "metrics.jsonl").write_text(json.dumps(first) + "\n" + json.dumps({"step": 1}) + "\n")
+  for cond in arms:
+    for s, acc in rm_acc.items():
+      run = path / "runs" / f"{cond}_s{s}"
+      run.mkdir(parents=True)
+      rows = [{"step": 0, "eval/acc": 0.9} | ({} if acc is None else {"eval/rm_pair_acc": acc})]
+      last = {} if acc is None else {"eval/rm_pair_acc": acc if cond == "frozen" else end}
+      rows += [{"step": 1}, {"step": 20} | last]
+      (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_rows_paired_by_seed_sorted_by_rm_accuracy(tmp_path):
@@ -34,6 +40,7 @@ def test_rows_paired_by_seed_sorted_by_rm_accuracy(tmp_path):
     tmp_path / "good",
     {"frozen": {0: 0.70, 1: 0.60, 2: 0.50}, "cooper": {0: 0.40, 1: 0.45, 2: 0.20}},
     {0: 0.9, 1: 0.9, 2: 0.9},
+    end=0.7,
   )
   _study(
     tmp_path / "weak",
@@ -52,6 +59,7 @@ def test_rows_paired_by_seed_sorted_by_rm_accuracy(tmp_path):
     ]
   )
   assert [r["rm_pair_acc"] for r in rows] == [0.6, 0.9]  # sorted by the x, not by --row order
+  assert rows[1]["cooper_rm_acc_end"] == [0.7, 0.7, 0.7]  # the cooper runs' last evaluation
   weak, good = rows
   assert weak["seeds"] == [3, 4] and good["seeds"] == [0, 1, 2]
   assert weak["per_seed_diff"] == pytest.approx([20.0, 5.0])

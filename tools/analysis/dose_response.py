@@ -10,8 +10,9 @@ read from the frozen arm's runs.
       --out results/dose_response/dose_response
 
 Each --row is STUDY:FROZEN:COOPER; its results.json (cooper-study's) gives the final held-out
-accuracy per seed, and runs/<FROZEN>_s<seed>/metrics.jsonl the RM's step-0 accuracy (every seed
-must agree: the RM is the same file). Writes
+accuracy per seed, runs/<FROZEN>_s<seed>/metrics.jsonl the RM's step-0 accuracy (every seed
+must agree: the RM is the same file) and runs/<COOPER>_s<seed>/metrics.jsonl the co-trained RM's
+accuracy at its last evaluation. Writes
 <out>.md, <out>.json and <out>.png (left: the arms per seed; right: Cooper - frozen, mean and
 95% t CI over seeds, seeds as dots).
 """
@@ -37,20 +38,21 @@ def heldout(study: Path, cond: str) -> dict[int, float]:
   return {int(s): 100 * a for s, a in zip(res["seeds"], res["summaries"][cond]["seed_accuracies"])}
 
 
+def rm_accs(study: Path, cond: str, seed: int) -> list[float]:
+  """The RM's held-out pair accuracy at each in-run evaluation (step 0 first) of one run."""
+  path = study / "runs" / f"{cond}_s{seed}" / "metrics.jsonl"
+  if not path.exists():
+    raise FileNotFoundError(f"{path}: missing (the RM's pair accuracy is read from it)")
+  rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  accs = [(r["step"], float(r["eval/rm_pair_acc"])) for r in rows if "eval/rm_pair_acc" in r]
+  if not accs or accs[0][0] != 0:
+    raise KeyError(f"{path}: no step-0 eval/rm_pair_acc (was rm.eval_pairs set?)")
+  return [a for _, a in accs]
+
+
 def initial_rm_acc(study: Path, cond: str, seeds: list[int]) -> float:
   """The RM's step-0 held-out pair accuracy in the runs of `cond`; every seed's must agree."""
-  accs = {}
-  for s in seeds:
-    path = study / "runs" / f"{cond}_s{s}" / "metrics.jsonl"
-    if not path.exists():
-      raise FileNotFoundError(f"{path}: missing (the RM's step-0 accuracy is read from it)")
-    for line in path.read_text().splitlines():
-      row = json.loads(line) if line.strip() else {}
-      if row.get("step") == 0 and "eval/rm_pair_acc" in row:
-        accs[s] = float(row["eval/rm_pair_acc"])
-        break
-    else:
-      raise KeyError(f"{path}: no step-0 eval/rm_pair_acc (was rm.eval_pairs set?)")
+  accs = {s: rm_accs(study, cond, s)[0] for s in seeds}
   if len(set(accs.values())) != 1:
     raise ValueError(f"{study}:{cond}: the RM's step-0 pair accuracy differs by seed: {accs}")
   return next(iter(accs.values()))
@@ -70,6 +72,8 @@ def row(spec: str) -> dict:
     "frozen": frozen,
     "cooper": cooper,
     "rm_pair_acc": initial_rm_acc(Path(study), frozen, seeds),
+    # Where co-training took the RM: its pair accuracy at the Cooper runs' last evaluation.
+    "cooper_rm_acc_end": [rm_accs(Path(study), cooper, s)[-1] for s in seeds],
     "seeds": seeds,
     "frozen_heldout": fz.tolist(),
     "cooper_heldout": co.tolist(),
@@ -81,20 +85,20 @@ def row(spec: str) -> dict:
 def table(rows: list[dict]) -> str:
   lines = [
     "| RM (step-0 pair acc) | seeds | frozen held-out % | Cooper held-out % | Cooper − frozen "
-    "per seed | mean (95% t CI) | sign-flip p | detectable (80%) |",
-    "|---|---|---|---|---|---|---|---|",
+    "per seed | mean (95% t CI) | sign-flip p | detectable (80%) | Cooper's RM acc at the end |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
 
-    def cells(xs):
-      return ", ".join(f"{x:.1f}" for x in xs)
+    def cells(xs, fmt=".1f"):
+      return ", ".join(f"{x:{fmt}}" for x in xs)
 
     lines.append(
       f"| {r['frozen'].removeprefix('static_')} ({r['rm_pair_acc']:.3f}) | "
       f"{','.join(map(str, r['seeds']))} | {cells(r['frozen_heldout'])} | "
       f"{cells(r['cooper_heldout'])} | {', '.join(f'{d:+.1f}' for d in r['per_seed_diff'])} | "
       f"{r['mean_diff']:+.1f} ({r['ci95'][0]:+.1f} to {r['ci95'][1]:+.1f}) | "
-      f"{r['sign_flip_p']:.3g} | {r['mde80']:.1f} |"
+      f"{r['sign_flip_p']:.3g} | {r['mde80']:.1f} | {cells(r['cooper_rm_acc_end'], '.3f')} |"
     )
   return "\n".join(lines) + "\n"
 
