@@ -82,6 +82,10 @@ def row(spec: str) -> dict:
   }
 
 
+def cells(xs, fmt=".1f") -> str:
+  return ", ".join(f"{x:{fmt}}" for x in xs)
+
+
 def table(rows: list[dict]) -> str:
   lines = [
     "| RM (step-0 pair acc) | seeds | frozen held-out % | Cooper held-out % | Cooper − frozen "
@@ -89,10 +93,6 @@ def table(rows: list[dict]) -> str:
     "|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
-
-    def cells(xs, fmt=".1f"):
-      return ", ".join(f"{x:{fmt}}" for x in xs)
-
     lines.append(
       f"| {r['frozen'].removeprefix('static_')} ({r['rm_pair_acc']:.3f}) | "
       f"{','.join(map(str, r['seeds']))} | {cells(r['frozen_heldout'])} | "
