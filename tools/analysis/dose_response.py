@@ -121,6 +121,9 @@ def plot(rows: list[dict], path: Path) -> None:
       ax0.scatter([x + dx], [np.mean(ys)], color=color, marker="_", s=300)
     ax1.scatter([x] * len(r["per_seed_diff"]), r["per_seed_diff"], color="gray", s=14, alpha=0.6)
     lo, hi = r["ci95"]
+    ax1.annotate(
+      r["frozen"].removeprefix("static_"), (x, hi), textcoords="offset points", xytext=(4, 4)
+    )
     ax1.errorbar(
       [x],
       [r["mean_diff"]],
