@@ -1,4 +1,4 @@
-"""Cooper - frozen against the RM's initial competence (issue 48 item 4): one row per RM, each a
+"""Cooper - frozen against the RM's initial competence: one row per RM, each a
 frozen arm and its co-trained twin from cooper-study folders, paired by seed; the x of a row is
 the RM's held-out pair accuracy at step 0 (`eval/rm_pair_acc`, the same pairs for every RM),
 read from the frozen arm's runs.
