@@ -29,21 +29,29 @@ from overoptimization import peak_and_onset  # this folder (run as a script; tes
 from cooper_jax import stats
 
 
+def heldout(study: Path, cond: str) -> dict[int, float]:
+  """{seed: final held-out accuracy (fraction)} of one condition of a cooper-study folder."""
+  path = study / "results.json"
+  res = json.loads(path.read_text())
+  if cond not in res.get("summaries", {}):
+    raise KeyError(f"{path}: no condition {cond!r} (has {sorted(res.get('summaries', {}))})")
+  return {int(s): a for s, a in zip(res["seeds"], res["summaries"][cond]["seed_accuracies"])}
+
+
 def load_arms(spec: str, drop: float) -> dict[str, dict[int, dict]]:
   """STUDY:COND[,COND] -> {cond: {seed: {gold, steps, onset, end, heldout}}}."""
   study, _, conds = spec.rpartition(":")
   if not study:
     raise ValueError(f"{spec!r}: expected STUDY:CONDITION[,CONDITION...]")
   over = json.loads((Path(study) / "overoptimization.json").read_text())
-  res = json.loads((Path(study) / "results.json").read_text())
   arms = {}
   for cond in conds.split(","):
-    if cond not in over or cond not in res["summaries"]:
+    if cond not in over:
       raise KeyError(
-        f"{study}: condition {cond!r} missing from overoptimization.json or results.json "
+        f"{study}: condition {cond!r} missing from overoptimization.json "
         f"(run tools/analysis/overoptimization.py --study {study} --conditions ...)"
       )
-    heldout = dict(zip(res["seeds"], res["summaries"][cond]["seed_accuracies"]))
+    final = heldout(Path(study), cond)
     arms[cond] = {}
     for s, v in over[cond]["seeds"].items():
       summary = peak_and_onset(np.asarray(v["steps"]), np.asarray(v["gold_rollouts"]), drop)
@@ -52,7 +60,7 @@ def load_arms(spec: str, drop: float) -> dict[str, dict[int, dict]]:
         "gold": v["gold_rollouts"],
         "onset": summary["onset"],
         "peak_step": summary["peak_step"],
-        "heldout": 100 * heldout[int(s)],
+        "heldout": 100 * final[int(s)],
       }
   return arms
 

@@ -12,9 +12,8 @@ read from the frozen arm's runs.
 Each --row is STUDY:FROZEN:COOPER; its results.json (cooper-study's) gives the final held-out
 accuracy per seed, runs/<FROZEN>_s<seed>/metrics.jsonl the RM's step-0 accuracy (every seed
 must agree: the RM is the same file) and runs/<COOPER>_s<seed>/metrics.jsonl the co-trained RM's
-accuracy at its last evaluation. Writes
-<out>.md, <out>.json and <out>.png (left: the arms per seed; right: Cooper - frozen, mean and
-95% t CI over seeds, seeds as dots).
+accuracy at its last evaluation. Writes <out>.md, <out>.json and <out>.png (left: the arms per
+seed; right: Cooper - frozen, mean and 95% t CI over seeds, seeds as dots).
 """
 
 from __future__ import annotations
@@ -24,18 +23,10 @@ import json
 from pathlib import Path
 
 import numpy as np
-from cooper_vs_frozen import t_ci  # this folder (run as a script; tests add it)
+from cooper_vs_frozen import heldout, t_ci  # this folder (run as a script; tests add it)
+from overoptimization import at_evals, read_metrics
 
 from cooper_jax import stats
-
-
-def heldout(study: Path, cond: str) -> dict[int, float]:
-  """{seed: final held-out accuracy, points} of one condition of a cooper-study folder."""
-  path = study / "results.json"
-  res = json.loads(path.read_text())
-  if cond not in res.get("summaries", {}):
-    raise KeyError(f"{path}: no condition {cond!r} (has {sorted(res.get('summaries', {}))})")
-  return {int(s): 100 * a for s, a in zip(res["seeds"], res["summaries"][cond]["seed_accuracies"])}
 
 
 def rm_accs(study: Path, cond: str, seed: int) -> list[float]:
@@ -43,11 +34,10 @@ def rm_accs(study: Path, cond: str, seed: int) -> list[float]:
   path = study / "runs" / f"{cond}_s{seed}" / "metrics.jsonl"
   if not path.exists():
     raise FileNotFoundError(f"{path}: missing (the RM's pair accuracy is read from it)")
-  rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-  accs = [(r["step"], float(r["eval/rm_pair_acc"])) for r in rows if "eval/rm_pair_acc" in r]
-  if not accs or accs[0][0] != 0:
+  steps, accs = at_evals(read_metrics(path), "eval/rm_pair_acc")
+  if not steps.size or steps[0] != 0:
     raise KeyError(f"{path}: no step-0 eval/rm_pair_acc (was rm.eval_pairs set?)")
-  return [a for _, a in accs]
+  return accs.tolist()
 
 
 def initial_rm_acc(study: Path, cond: str, seeds: list[int]) -> float:
@@ -62,7 +52,7 @@ def row(spec: str) -> dict:
   study, frozen, cooper = (spec.rsplit(":", 2) + ["", ""])[:3]
   if not (study and frozen and cooper):
     raise ValueError(f"{spec!r}: expected STUDY:FROZEN_CONDITION:COOPER_CONDITION")
-  f, c = heldout(Path(study), frozen), heldout(Path(study), cooper)
+  f, c = ({s: 100 * a for s, a in heldout(Path(study), cond).items()} for cond in (frozen, cooper))
   seeds = sorted(f)
   if len(seeds) < 2:
     raise ValueError(f"{spec}: {len(seeds)} seed(s) in both arms; a seed-level test needs 2")
